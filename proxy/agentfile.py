@@ -1,0 +1,324 @@
+"""The agent file: declared tools, validated once at load into frozen objects.
+
+Every other list toolkeeper keeps about its tools (the schemas sent to the
+model, the silent set, the reserved names) is derived from what is loaded here;
+nothing is declared twice.
+
+A broken file raises `AgentFileError`, whose message names the file, the tool
+and the key, so `toolkeeper serve` can exit before it listens.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import unicodedata
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from proxy.templates import CommandTemplate, TemplateError
+
+# The usual built-in tool names of agents (Claude Code, Codex, OpenHands, Aider,
+# Cline, Goose, the OpenAI Agents SDK...), plus the names toolkeeper injects
+# itself. A declared tool may never take one, even when the agent does not send
+# that tool today, so that turning it on later does not break the file.
+# Documented in docs/reference/agent-file.md.
+DEFAULT_RESERVED_NAMES = frozenset(
+    {
+        # toolkeeper's own
+        "search_tools",
+        # shells and code execution
+        "bash", "shell", "sh", "exec", "execute", "execute_command", "run", "run_command",
+        "run_shell_command", "terminal", "local_shell", "python", "code_interpreter",
+        "computer", "computer_use", "str_replace_editor", "str_replace_based_edit_tool",
+        # files
+        "read", "read_file", "write", "write_file", "edit", "edit_file", "multi_edit",
+        "multiedit", "apply_patch", "create_file", "delete_file", "list_dir", "list_directory",
+        "ls", "glob", "grep", "find", "file_search", "view", "notebook_edit",
+        # web and search
+        "web_search", "web_fetch", "fetch", "browser", "browse", "image_generation",
+        # agent plumbing
+        "task", "agent", "todo_write", "todowrite", "todo_read", "think", "ask_user",
+        "ask_followup_question", "attempt_completion", "read_skill", "skill", "memory",
+    }
+)
+
+NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "csh", "tcsh", "busybox"})
+
+# Tool output handed back to the model is cut to this many bytes (head and tail
+# kept) unless a tool sets `max_output`: every byte is read again each round.
+DEFAULT_MAX_OUTPUT = 16 * 1024
+
+
+def fold_name(name: str) -> str:
+    """The form names are compared in, so look-alike Unicode names collide."""
+    return unicodedata.normalize("NFKC", name).casefold()
+
+
+class AgentFileError(Exception):
+    """The agent file cannot be used; the message names the file, tool and key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+ScalarType = Literal["string", "integer", "number", "boolean"]
+
+
+class Parameter(_Strict):
+    type: Literal["string", "integer", "number", "boolean", "array", "object"] = "string"
+    description: str = ""
+    required: bool | None = None
+    default: Any = None
+    enum: tuple[Any, ...] | None = None
+    pattern: str | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    items: ScalarType = "string"
+    allow_dash: bool = False
+
+    @property
+    def has_default(self) -> bool:
+        return "default" in self.model_fields_set
+
+    @property
+    def is_required(self) -> bool:
+        if self.required is not None:
+            return self.required
+        return not self.has_default
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Parameter:
+        if self.required and self.has_default:
+            raise ValueError("a parameter with a default is not required; drop one of the two")
+        if self.enum is not None and not self.enum:
+            raise ValueError("enum must list at least one value")
+        if self.type in ("array", "object") and (self.pattern or self.minimum is not None or self.maximum is not None):
+            raise ValueError("pattern, minimum and maximum apply to scalar parameters only")
+        return self
+
+
+class Mount(_Strict):
+    path: str
+    writable: bool = False
+
+
+class Tool(_Strict):
+    name: str
+    description: str
+    parameters: dict[str, Parameter] = Field(default_factory=dict)
+    command: tuple[str, ...] | None = None
+    wasm: str | None = None
+    stdin: Literal["json"] | None = None
+    timeout: float = Field(default=60, gt=0, le=24 * 3600)
+    workdir: str | None = None
+    env: tuple[str, ...] | dict[str, str] = ()
+    tier: Literal["gated", "silent"] = "gated"
+    visibility: Literal["inline", "discoverable"] = "inline"
+    keywords: tuple[str, ...] = ()
+    max_output: int = Field(default=DEFAULT_MAX_OUTPUT, ge=256, le=16 * 1024 * 1024)
+    # wasm-only keys, accepted here so the file format is stable
+    memory: int | None = Field(default=None, gt=0, le=4096)
+    fuel: int | None = Field(default=None, gt=0)
+    mounts: dict[str, Mount] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name_shape(cls, value: str) -> str:
+        if not NAME_PATTERN.match(value):
+            raise ValueError("a tool name is 1 to 64 letters, digits, '_' or '-'")
+        return value
+
+    @field_validator("description")
+    @classmethod
+    def _description_given(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("say what the tool does, when to use it and what it returns")
+        return value.strip()
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameter_names(cls, value: dict[str, Parameter]) -> dict[str, Parameter]:
+        for name in value:
+            if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$", name):
+                raise ValueError(f"parameter name {name!r} must be a letter or '_' then letters, digits or '_'")
+        return value
+
+    @property
+    def runner(self) -> str:
+        return "wasm" if self.wasm else "argv"
+
+
+class AgentFile(_Strict):
+    upstream: str = "https://api.openai.com/v1"
+    api_key_env: str | None = None
+    yolo: bool = False
+    reserved: tuple[str, ...] = ()
+    schema_style: Literal["plain", "standard"] = Field(default="plain", alias="schema")
+    tools: tuple[Tool, ...] = ()
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream_url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("upstream must be an http:// or https:// base URL, like https://api.openai.com/v1")
+        return value.rstrip("/")
+
+
+class DeclaredTool:
+    """A loaded tool: its declaration plus everything derived from it at load."""
+
+    def __init__(self, spec: Tool, template: CommandTemplate, workdir: Path):
+        self.spec = spec
+        self.template = template
+        self.workdir = workdir
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+class Agent:
+    """A loaded agent file: the declarations and where they live."""
+
+    def __init__(self, path: Path, config: AgentFile, tools: list[DeclaredTool]):
+        self.path = path
+        self.config = config
+        self.tools = {tool.name: tool for tool in tools}
+
+    @property
+    def directory(self) -> Path:
+        return self.path.parent
+
+
+def load_agent_file(path: str | os.PathLike[str], *, upstream: str | None = None) -> Agent:
+    """Read, validate and compile an agent file, or raise AgentFileError."""
+    path = Path(path).resolve()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise AgentFileError(f"{path}: cannot read the agent file: {exc.strerror or exc}") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise AgentFileError(f"{path}: not valid YAML: {exc}") from exc
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise AgentFileError(f"{path}: the agent file must be a mapping of keys (upstream, tools, ...)")
+    if upstream:
+        raw = {**raw, "upstream": upstream}
+    try:
+        config = AgentFile.model_validate(raw)
+    except ValidationError as exc:
+        raise AgentFileError(_describe_validation_error(path, raw, exc)) from None
+
+    reserved = {fold_name(name) for name in DEFAULT_RESERVED_NAMES | set(config.reserved)}
+    seen: dict[str, str] = {}
+    tools = []
+    for tool in config.tools:
+        where = f"{path}: tool {tool.name!r}"
+        folded = fold_name(tool.name)
+        if folded in reserved:
+            raise AgentFileError(f"{where}: key 'name': {tool.name!r} is a reserved name (agents' built-in tools and "
+                                 "the file's `reserved:` list); choose another name")
+        if folded in seen:
+            raise AgentFileError(f"{where}: key 'name': declared twice (also as {seen[folded]!r})")
+        seen[folded] = tool.name
+        tools.append(_compile_tool(path, tool, where))
+    if config.api_key_env and config.api_key_env not in os.environ:
+        raise AgentFileError(f"{path}: key 'api_key_env': the variable {config.api_key_env} is not set")
+    return Agent(path, config, tools)
+
+
+def _compile_tool(path: Path, tool: Tool, where: str) -> DeclaredTool:
+    if tool.wasm:
+        raise AgentFileError(f"{where}: key 'wasm': wasm tools are not supported yet")
+    if not tool.command:
+        raise AgentFileError(f"{where}: key 'command': a tool needs a command (a list, one argv entry per element)")
+    for name, param in tool.parameters.items():
+        if param.type == "object" and tool.stdin != "json":
+            raise AgentFileError(f"{where}: key 'parameters.{name}': object parameters need `stdin: json`")
+    try:
+        template = CommandTemplate.parse(tool.command, tool.parameters)
+    except TemplateError as exc:
+        raise AgentFileError(f"{where}: key 'command': {exc}") from None
+    _refuse_shell_with_placeholders(template, where)
+
+    workdir = (path.parent / tool.workdir).resolve() if tool.workdir else path.parent
+    if not workdir.is_dir():
+        raise AgentFileError(f"{where}: key 'workdir': {workdir} is not a directory")
+    program = template.program
+    if "/" in program:
+        resolved = workdir / program
+        if not (resolved.is_file() and os.access(resolved, os.X_OK)):
+            raise AgentFileError(f"{where}: key 'command': {program} is not an executable file in {workdir}")
+    elif shutil.which(program, path=minimal_path(tool)) is None:
+        raise AgentFileError(f"{where}: key 'command': {program} is not found on the tool's PATH ({minimal_path(tool)})")
+    return DeclaredTool(tool, template, workdir)
+
+
+def _refuse_shell_with_placeholders(template: CommandTemplate, where: str) -> None:
+    """`sh -c "... {{x}}"` is a shell line built from the model's values: refused."""
+    entries = list(template.entries)
+    # look through `env` and `/usr/bin/env VAR=x` prefixes to the real program
+    while entries and os.path.basename(entries[0].text) == "env":
+        entries = entries[1:]
+        while entries and ("=" in entries[0].text or entries[0].text.startswith("-")):
+            entries = entries[1:]
+    if not entries or os.path.basename(entries[0].text) not in SHELLS:
+        return
+    runs_a_line = any(e.text.startswith("-") and not e.text.startswith("--") and "c" in e.text for e in entries[1:])
+    if runs_a_line and template.placeholders:
+        raise AgentFileError(
+            f"{where}: key 'command': a shell running a command line (-c) with placeholders would let the model's "
+            "values become shell syntax; put the command in a script and pass the values as arguments"
+        )
+
+
+def minimal_path(tool: Tool) -> str:
+    if isinstance(tool.env, dict) and "PATH" in tool.env:
+        return tool.env["PATH"]
+    if isinstance(tool.env, tuple) and "PATH" in tool.env and "PATH" in os.environ:
+        return os.environ["PATH"]
+    return "/usr/local/bin:/usr/bin:/bin"
+
+
+def _describe_validation_error(path: Path, raw: dict, exc: ValidationError) -> str:
+    """Turn pydantic's errors into lines naming the tool and the key."""
+    lines = []
+    for error in exc.errors():
+        loc = list(error["loc"])
+        where = str(path)
+        if len(loc) >= 2 and loc[0] == "tools" and isinstance(loc[1], int):
+            tools = raw.get("tools") or []
+            entry = tools[loc[1]] if loc[1] < len(tools) else None
+            name = entry.get("name") if isinstance(entry, dict) else None
+            where += f": tool {name!r}" if name else f": tool #{loc[1] + 1}"
+            loc = loc[2:]
+        key = ".".join(str(part) for part in loc if not str(part).startswith("function-"))
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        elif error["type"] == "missing":
+            message = "required key is missing"
+        lines.append(f"{where}: key {key!r}: {message}" if key else f"{where}: {message}")
+    return "\n".join(lines)

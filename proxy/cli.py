@@ -1,0 +1,80 @@
+"""The `toolkeeper` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from proxy.agentfile import AgentFileError, load_agent_file
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8787
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="toolkeeper", description="A policy-and-proxy layer between an agent "
+                                     "and its tools.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the proxy in front of the agent file's upstream")
+    serve.add_argument("agent_file", help="the agent file (YAML) declaring the tools")
+    serve.add_argument("--host", default=DEFAULT_HOST)
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
+    serve.add_argument("--upstream", help="the model server's base URL, instead of the file's `upstream:`")
+    serve.add_argument("--read-timeout", type=float, default=300,
+                       help="seconds to wait for the model server's next byte (default 300)")
+    serve.add_argument("--keepalive", type=float, default=5.0,
+                       help="seconds between SSE keep-alive comments while a tool runs (default 5)")
+    serve.add_argument("--log-level", default="INFO")
+
+    commands.add_parser("demo", help="run the example agent file against a built-in offline model")
+
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from proxy.demo import run_demo
+
+        return asyncio.run(run_demo())
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        agent = load_agent_file(args.agent_file, upstream=args.upstream)
+    except AgentFileError as exc:
+        print(f"toolkeeper: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve(agent, args))
+
+
+async def _serve(agent, args) -> int:
+    from proxy.server import build_app
+
+    app = build_app(agent, read_timeout=args.read_timeout, keepalive=args.keepalive)
+    # handler_cancellation: an agent that disconnects cancels its turn, and with
+    # it the running tool (its process group is killed).
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    try:
+        await site.start()
+    except OSError as exc:
+        print(f"toolkeeper: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        await runner.cleanup()
+        return 1
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    print(f"toolkeeper listening on http://{args.host}:{port}/v1 "
+          f"({len(agent.tools)} declared tools from {agent.path}, upstream {agent.config.upstream})", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

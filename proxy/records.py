@@ -1,0 +1,47 @@
+"""The record of one declared call: one shape that every consumer reads.
+
+The audit trail stores it, the demo prints it, metrics count it. Observers get
+it after the call; they must not fail the call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, Field
+
+CallStatus = Literal["ok", "failed", "invalid", "denied", "timeout"]
+
+
+class ExecutionRecord(BaseModel):
+    version: int = 1
+    time: float = Field(default_factory=time.time)
+    request_id: str = ""
+    agent: str = ""  # a short hash identifying the agent's credentials, never the key
+    tool: str
+    runner: str
+    call_id: str
+    arguments_sent: Any = None
+    arguments: dict[str, Any] | None = None
+    argv: list[str] | None = None
+    decision: str = ""  # allow | deny | ask
+    decision_source: str = ""
+    decision_reason: str = ""
+    consent: str | None = None  # approved | denied, when someone was asked
+    approver: str | None = None
+    status: CallStatus
+    exit_code: int | None = None
+    duration_ms: float = 0.0
+    output_bytes: int = 0
+    output_sha256: str | None = None
+    answer: str = ""  # what the model was told
+
+    @staticmethod
+    def digest(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
+
+class Observer(Protocol):
+    def __call__(self, record: ExecutionRecord) -> None: ...

@@ -1,0 +1,215 @@
+"""One model round: a streamed or whole Chat Completions response, assembled.
+
+Real servers differ in how they stream tool calls, and this is where those
+differences are absorbed: arguments split anywhere (inside an escape or a
+multi-byte character), arguments sent as a JSON object (llama.cpp), missing,
+empty or integer ids (vLLM, LM Studio), the name resent in every delta,
+`finish_reason: stop` with tool calls (Ollama, gpt-4o), parallel calls all at
+index 0 (Ollama), an empty-choices chunk first (Azure).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import string
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+# Delta fields the agent reads as they come (the answer's text and reasoning).
+VISIBLE_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
+HEAD_FIELDS = ("id", "created", "model", "system_fingerprint")
+ID_ALPHABET = string.ascii_letters + string.digits
+VALID_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def new_call_id() -> str:
+    """9 alphanumerics: accepted by strict servers (Mistral) and OpenAI alike."""
+    return "".join(secrets.choice(ID_ALPHABET) for _ in range(9))
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: Any  # the raw text as streamed, or an object (llama.cpp)
+    extra: dict[str, Any] = field(default_factory=dict)  # other fields, kept verbatim
+
+    @property
+    def arguments_text(self) -> str:
+        if isinstance(self.arguments, str):
+            return self.arguments
+        return orjson.dumps(self.arguments).decode()
+
+    def as_message_entry(self, index: int | None = None) -> dict[str, Any]:
+        entry: dict[str, Any] = {}
+        if index is not None:
+            entry["index"] = index
+        entry.update({"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments_text}})
+        entry.update(self.extra)
+        return entry
+
+
+@dataclass
+class Round:
+    head: dict[str, Any]
+    message: dict[str, Any]  # the assistant message as the model gave it, minus tool_calls
+    tool_calls: list[ToolCall]
+    finish_reason: str | None
+    usage: dict[str, Any] | None
+    raw: bytes | None = None  # the whole upstream body, when it was not streamed
+    normalized: bool = False  # toolkeeper changed something (made an id, re-encoded arguments)
+
+    def assistant_message(self, calls: list[ToolCall] | None = None) -> dict[str, Any]:
+        """The message to put back into the history, with the given calls."""
+        message = dict(self.message)
+        message["role"] = "assistant"
+        calls = self.tool_calls if calls is None else calls
+        if calls:
+            message["tool_calls"] = [call.as_message_entry() for call in calls]
+            message.setdefault("content", None)
+        return message
+
+
+class _PartialCall:
+    def __init__(self) -> None:
+        self.id: Any = None
+        self.name = ""
+        self.text = ""
+        self.obj: Any = None
+        self.extra: dict[str, Any] = {}
+
+    def complete(self) -> bool:
+        if self.obj is not None:
+            return True
+        try:
+            return isinstance(orjson.loads(self.text), dict)
+        except orjson.JSONDecodeError:
+            return False
+
+
+class StreamAssembler:
+    """Feed it chunks; it returns what the agent may see now and builds the round."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.message: dict[str, Any] = {}
+        self.calls: list[_PartialCall] = []
+        self._by_index: dict[Any, _PartialCall] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices") or []
+        if not choices:
+            return None
+        if not self.head:
+            self.head = {key: chunk[key] for key in HEAD_FIELDS if key in chunk}
+        choice = choices[0]
+        if choice.get("finish_reason"):
+            self.finish_reason = choice["finish_reason"]
+        delta = choice.get("delta") or {}
+        visible = {}
+        for key, value in delta.items():
+            if key == "tool_calls":
+                for call_delta in value or []:
+                    self._feed_call(call_delta)
+            elif key == "role" or value is None:
+                continue
+            elif isinstance(value, str):
+                self.message[key] = self.message.get(key, "") + value
+                if key in VISIBLE_FIELDS:
+                    visible[key] = value
+            else:
+                self.message[key] = value
+        return visible or None
+
+    def _feed_call(self, delta: dict[str, Any]) -> None:
+        index = delta.get("index", 0)
+        call_id = delta.get("id")
+        function = delta.get("function") or {}
+        name = function.get("name")
+        arguments = function.get("arguments")
+        current = self._by_index.get(index)
+        starts_new = current is None
+        if current is not None and call_id and current.id and call_id != current.id:
+            starts_new = True  # parallel calls sharing an index, told apart by id
+        elif current is not None and name and not call_id and current.complete():
+            # Ollama: a whole call per chunk, every one at index 0, no id
+            starts_new = isinstance(arguments, dict) or (isinstance(arguments, str) and arguments.lstrip().startswith("{"))
+        if starts_new:
+            current = _PartialCall()
+            self.calls.append(current)
+            self._by_index[index] = current
+        if call_id and not current.id:
+            current.id = call_id
+        if name and not current.name:
+            current.name = name  # a resent name is the same name, not more of it
+        if isinstance(arguments, dict):
+            current.obj = arguments
+        elif isinstance(arguments, str):
+            current.text += arguments
+        for key, value in delta.items():
+            if key not in ("index", "id", "type", "function"):
+                current.extra[key] = value
+
+    def finish(self) -> Round:
+        calls = [ToolCall(c.id, c.name, c.obj if c.obj is not None else c.text, c.extra) for c in self.calls]
+        normalized = any(c.obj is not None for c in self.calls)
+        normalized |= _fix_ids(calls)
+        return Round(self.head, self.message, calls, self.finish_reason, self.usage, normalized=normalized)
+
+
+def round_from_response(raw: bytes, body: dict[str, Any]) -> Round:
+    """A whole (not streamed) response."""
+    choices = body.get("choices") or [{}]
+    choice = choices[0] or {}
+    message = dict(choice.get("message") or {})
+    message.pop("role", None)
+    calls = []
+    normalized = False
+    for entry in message.pop("tool_calls", None) or []:
+        function = entry.get("function") or {}
+        arguments = function.get("arguments")
+        normalized |= isinstance(arguments, dict)
+        extra = {k: v for k, v in entry.items() if k not in ("index", "id", "type", "function")}
+        calls.append(ToolCall(entry.get("id"), function.get("name") or "", arguments, extra))
+    normalized |= _fix_ids(calls)
+    head = {key: body[key] for key in HEAD_FIELDS if key in body}
+    return Round(head, message, calls, choice.get("finish_reason"), body.get("usage"), raw=raw, normalized=normalized)
+
+
+def _fix_ids(calls: list[ToolCall]) -> bool:
+    """Give every call a unique, valid id; True when one had to be made."""
+    changed = False
+    seen: set[str] = set()
+    for call in calls:
+        if not isinstance(call.id, str) or not VALID_ID.match(call.id) or call.id in seen:
+            call.id = new_call_id()
+            changed = True
+        seen.add(call.id)
+    return changed
+
+
+def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Sum two usage objects field by field, nested details included."""
+    if not usage:
+        return total
+    if not total:
+        return dict(usage)
+    summed = dict(total)
+    for key, value in usage.items():
+        mine = summed.get(key)
+        if isinstance(value, bool) or value is None:
+            summed.setdefault(key, value)
+        elif isinstance(value, (int, float)) and isinstance(mine, (int, float)) and not isinstance(mine, bool):
+            summed[key] = mine + value
+        elif isinstance(value, dict) and isinstance(mine, dict):
+            summed[key] = add_usage(mine, value)
+        elif mine is None:
+            summed[key] = value
+    return summed

@@ -1,0 +1,102 @@
+"""The HTTP server: chat completions through the engine, everything else passed through.
+
+It knows nothing of runners: it builds the engine from the agent file and
+hands each chat request to the Chat Completions adapter.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+import aiohttp
+from aiohttp import web
+
+from proxy.agentfile import Agent
+from proxy.chat import ChatCompletions
+from proxy.consent import Consent, default_consent
+from proxy.engine import Engine
+from proxy.policy import TierPolicy
+from proxy.records import Observer
+from proxy.runners import ArgvRunner
+from proxy.upstream import HOP_BY_HOP, Upstream, UpstreamError, forward_headers
+
+log = logging.getLogger("toolkeeper")
+
+UPSTREAM_KEY = web.AppKey("upstream", Upstream)
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+# Agents send whole conversations; the default 1 MiB would refuse long ones.
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+
+def build_app(
+    agent: Agent,
+    *,
+    consent: Consent | None = None,
+    yolo: bool | None = None,
+    observers: Iterable[Observer] = (),
+    read_timeout: float = 300,
+    keepalive: float = 5.0,
+) -> web.Application:
+    engine = Engine(
+        agent,
+        runner=ArgvRunner(),
+        consent=consent or default_consent(),
+        policy=TierPolicy(agent.config.yolo if yolo is None else yolo),
+        observers=observers,
+    )
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+    api_key = os.environ[agent.config.api_key_env] if agent.config.api_key_env else None
+
+    async def upstream_session(app: web.Application):
+        # One pooled session for the process: a connection per request would
+        # cost a TCP (and TLS) handshake on the hot path.
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
+            upstream = Upstream(agent.config.upstream, session, api_key=api_key, read_timeout=read_timeout)
+            app[UPSTREAM_KEY] = upstream
+            app["chat"] = ChatCompletions(engine, upstream, keepalive=keepalive)
+            yield
+
+    app.cleanup_ctx.append(upstream_session)
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        return await request.app["chat"].handle(request)
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "tools": sorted(agent.tools)})
+
+    for path in CHAT_PATHS:
+        app.router.add_post(path, chat)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_route("*", "/{tail:.*}", passthrough)
+    return app
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    """Anything that is not a chat request goes upstream untouched, streamed both ways."""
+    upstream: Upstream = request.app[UPSTREAM_KEY]
+    path = request.path[3:] if request.path.startswith("/v1/") else request.path
+    url = upstream.url(path) + (f"?{request.query_string}" if request.query_string else "")
+    data = request.content if request.body_exists else None
+    headers = forward_headers(request.headers, upstream.api_key)
+    # bytes go back as the upstream encoded them, so ask only for what the agent accepts
+    headers["Accept-Encoding"] = request.headers.get("Accept-Encoding", "identity")
+    try:
+        async with upstream.session.request(
+            request.method, url, headers=headers, data=data,
+            timeout=upstream.timeout, allow_redirects=False, auto_decompress=False,
+        ) as answer:
+            response = web.StreamResponse(status=answer.status, reason=answer.reason)
+            for name, value in answer.headers.items():
+                if name.lower() not in HOP_BY_HOP:
+                    response.headers.add(name, value)
+            await response.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        error = UpstreamError.ours(502, f"cannot reach the model server: {exc}", "upstream_unreachable")
+        return web.Response(status=error.status, body=error.body, content_type="application/json")
