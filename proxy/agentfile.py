@@ -272,7 +272,8 @@ def _compile_tool(path: Path, tool: Tool, where: str) -> DeclaredTool:
         if not (resolved.is_file() and os.access(resolved, os.X_OK)):
             raise AgentFileError(f"{where}: key 'command': {program} is not an executable file in {workdir}")
     elif shutil.which(program, path=minimal_path(tool)) is None:
-        raise AgentFileError(f"{where}: key 'command': {program} is not found on the tool's PATH ({minimal_path(tool)})")
+        raise AgentFileError(
+            f"{where}: key 'command': {program} is not found on the tool's PATH ({minimal_path(tool)})")
     return DeclaredTool(tool, template, workdir)
 
 

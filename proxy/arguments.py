@@ -164,10 +164,7 @@ def _show(value: Any) -> str:
 
 def invalid_call_answer(tool: Tool, sent: Any, problems: list[str]) -> str:
     """The tool result for an invalid call: what was wrong, what was sent, what to send."""
-    if isinstance(sent, str):
-        quoted = sent
-    else:
-        quoted = orjson.dumps(sent).decode()
+    quoted = sent if isinstance(sent, str) else orjson.dumps(sent).decode()
     if len(quoted) > QUOTE_LIMIT:
         quoted = quoted[:QUOTE_LIMIT] + f"... ({len(quoted) - QUOTE_LIMIT} more characters)"
     lines = [f"Error: the call to {tool.name} was not run:"]

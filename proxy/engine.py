@@ -149,7 +149,8 @@ class Engine:
             active[name] = tool
         return active
 
-    async def run(self, request: dict[str, Any], model: Model, context: TurnContext | None = None) -> AsyncIterator[Event]:
+    async def run(self, request: dict[str, Any], model: Model,
+                  context: TurnContext | None = None) -> AsyncIterator[Event]:
         context = context or TurnContext()
         active = self.active_tools(request)
         body = dict(request)
@@ -207,8 +208,11 @@ class Engine:
     def _result(self, turn: _Turn, last: Round, own: list[ToolCall], hidden: list[dict[str, Any]],
                 rounds: int, finish_reason: str | None = None) -> TurnResult:
         if finish_reason is None:
-            finish_reason = "tool_calls" if own else (last.finish_reason or "stop")
-            if finish_reason == "tool_calls" and not own:
+            # Some servers (Ollama, gpt-4o at times) say "stop" beside tool calls; agents loop on "tool_calls".
+            finish_reason = last.finish_reason or "stop"
+            if own and finish_reason != "length":
+                finish_reason = "tool_calls"
+            elif not own and finish_reason == "tool_calls":
                 finish_reason = "stop"
         return TurnResult(
             head=turn.head or last.head,

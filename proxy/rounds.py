@@ -47,7 +47,9 @@ class ToolCall:
         entry: dict[str, Any] = {}
         if index is not None:
             entry["index"] = index
-        entry.update({"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments_text}})
+        entry["id"] = self.id
+        entry["type"] = "function"
+        entry["function"] = {"name": self.name, "arguments": self.arguments_text}
         entry.update(self.extra)
         return entry
 
@@ -140,7 +142,8 @@ class StreamAssembler:
             starts_new = True  # parallel calls sharing an index, told apart by id
         elif current is not None and name and not call_id and current.complete():
             # Ollama: a whole call per chunk, every one at index 0, no id
-            starts_new = isinstance(arguments, dict) or (isinstance(arguments, str) and arguments.lstrip().startswith("{"))
+            opens_object = isinstance(arguments, str) and arguments.lstrip().startswith("{")
+            starts_new = isinstance(arguments, dict) or opens_object
         if starts_new:
             current = _PartialCall()
             self.calls.append(current)
@@ -179,6 +182,7 @@ def round_from_response(raw: bytes, body: dict[str, Any]) -> Round:
         extra = {k: v for k, v in entry.items() if k not in ("index", "id", "type", "function")}
         calls.append(ToolCall(entry.get("id"), function.get("name") or "", arguments, extra))
     normalized |= _fix_ids(calls)
+    normalized |= bool(calls) and choice.get("finish_reason") not in ("tool_calls", "length")
     head = {key: body[key] for key in HEAD_FIELDS if key in body}
     return Round(head, message, calls, choice.get("finish_reason"), body.get("usage"), raw=raw, normalized=normalized)
 

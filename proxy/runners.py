@@ -7,6 +7,7 @@ agent disconnected) kills the program and everything it started.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -153,7 +154,8 @@ async def _drain(stream: asyncio.StreamReader | None, buffer: OutputBuffer) -> N
 
 
 async def _feed_stdin(process: asyncio.subprocess.Process, data: bytes) -> None:
-    assert process.stdin is not None
+    if process.stdin is None:
+        return
     try:
         process.stdin.write(data)
         await process.stdin.drain()
@@ -171,7 +173,5 @@ async def _finish_reading(readers: asyncio.Future) -> None:
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

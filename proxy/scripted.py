@@ -32,6 +32,7 @@ import asyncio
 import itertools
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -80,7 +81,7 @@ class ScriptedModel:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
-        self.requests.append({"body": body, "headers": dict(request.headers)})
+        self.requests.append({"body": body, "headers": {str(k): v for k, v in request.headers.items()}})
         if not self.steps:
             return web.json_response({"error": {"message": "the scripted model has no more responses",
                                                 "type": "server_error", "code": None}}, status=500)
@@ -272,7 +273,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--script", help="a JSON file with a list of steps")
     args = parser.parse_args()
-    steps = orjson.loads(open(args.script, "rb").read()) if args.script else []
+    steps = orjson.loads(Path(args.script).read_bytes()) if args.script else []
 
     async def run() -> None:
         runner, port = await serve(ScriptedModel(steps), args.host, args.port)

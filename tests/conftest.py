@@ -1,0 +1,244 @@
+"""Fixtures: a scripted model server and toolkeeper servers, as real processes.
+
+Tests talk to toolkeeper the way agents do, through the real `openai` client;
+the scripted model server is the only stand-in (no model runs here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = Path(__file__).resolve().parent / "tools"
+
+
+class Process:
+    """A server process started for a test; its first stdout line says where it listens."""
+
+    def __init__(self, args: list[str], marker: str, env: dict[str, str] | None = None, cwd: Path | None = None):
+        # stderr to a file: a pipe nobody reads would block the server once full
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=cwd or ROOT,
+            env={**os.environ, **(env or {})}, start_new_session=True,
+        )
+        deadline = time.monotonic() + 20
+        line = ""
+        while time.monotonic() < deadline:
+            line = self.popen.stdout.readline()
+            if marker in line or not line:
+                break
+        if marker not in line:
+            self.stop()
+            raise RuntimeError(f"{args} did not start: {line!r} {self.stderr()}")
+        self.url = line.split("http://", 1)[1].split()[0].rstrip("/")
+        self.url = "http://" + self.url
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self) -> str:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+        self.popen.stdout.close()
+        text = self.stderr()
+        self.log.close()
+        return text
+
+
+class Scripted:
+    """Client of the scripted model server's control endpoints."""
+
+    def __init__(self, process: Process):
+        self.process = process
+        self.base_url = process.url  # ends with /v1
+
+    @property
+    def root(self) -> str:
+        return self.base_url[: -len("/v1")]
+
+    def script(self, *steps: dict) -> None:
+        _post(self.root + "/_script", {"steps": list(steps)})
+
+    def requests(self) -> list[dict]:
+        with urllib.request.urlopen(self.root + "/_requests", timeout=10) as answer:
+            return json.loads(answer.read())
+
+    def bodies(self) -> list[dict]:
+        return [r["body"] for r in self.requests()]
+
+
+def _post(url: str, payload: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    process = Process([sys.executable, "-m", "proxy.scripted", "--port", "0"], "listening on")
+    yield Scripted(process)
+    process.stop()
+
+
+def write_agent(directory: Path, body: str, **values: str) -> Path:
+    """An agent file in `directory`; {python}, {tools} and {out} are filled in."""
+    values = {"python": sys.executable, "tools": str(TOOLS), "out": str(directory / "calls.jsonl"), **values}
+    text = textwrap.dedent(body)
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", value)
+    path = directory / "agent.yaml"
+    path.write_text(text)
+    return path
+
+
+# One agent file with a tool for each behaviour the suites exercise.
+STANDARD_AGENT = """
+    upstream: http://127.0.0.1:9/v1
+    yolo: true
+    tools:
+      - name: release
+        description: Publish a release of the product to a channel. Returns the release log.
+        parameters:
+          version: {type: string, description: "The version to release, like 1.4.2."}
+          channel: {type: string, enum: [stable, beta], description: "Where to publish it."}
+          notes: {type: string, required: false, description: "Release notes."}
+        command: ["{python}", "{tools}/record.py", "release", "{{version}}", "--channel={{channel}}", "--notes={{notes}}"]
+        env: {OUT: "{out}"}
+      - name: count
+        description: Count things. Returns what it was given.
+        parameters:
+          n: {type: integer, description: "How many."}
+          ratio: {type: number, required: false, description: "A ratio."}
+          flag: {type: boolean, required: false, description: "A flag."}
+          items: {type: array, items: string, required: false, description: "Some items."}
+        command: ["{python}", "{tools}/record.py", "count", "{{n}}", "--ratio={{ratio}}", "--flag={{flag}}", "{{items}}"]
+        env: {OUT: "{out}"}
+      - name: lookup
+        description: Look a word up. Returns its definition.
+        parameters:
+          word: {type: string, description: "The word."}
+        command: ["{python}", "{tools}/record.py", "lookup", "{{word}}"]
+        env: {OUT: "{out}"}
+        tier: silent
+      - name: hang
+        description: Start a child and hang forever.
+        parameters:
+          tag: {type: string, description: "A tag written in the pid file."}
+        command: ["{python}", "{tools}/hang.py", "{{tag}}"]
+        env: {PIDS: "{pids}"}
+        timeout: 1
+      - name: slow
+        description: Take a long time.
+        parameters:
+          tag: {type: string, description: "A tag written in the pid file."}
+        command: ["{python}", "{tools}/hang.py", "{{tag}}"]
+        env: {PIDS: "{pids}"}
+        timeout: 60
+      - name: flood
+        description: Print a lot.
+        parameters:
+          megabytes: {type: integer, description: "How much."}
+        command: ["{python}", "{tools}/flood.py", "{{megabytes}}"]
+        max_output: 4096
+      - name: fail
+        description: Fail with exit status 3.
+        parameters:
+          why: {type: string, description: "The reason."}
+        command: ["{python}", "{tools}/fail.py", "{{why}}"]
+      - name: nap
+        description: Sleep a while.
+        parameters:
+          seconds: {type: number, description: "How long."}
+        command: ["{python}", "{tools}/nap.py", "{{seconds}}"]
+      - name: feed
+        description: Read a JSON document on stdin.
+        parameters:
+          doc: {type: object, description: "The document."}
+          label: {type: string, description: "A label."}
+        command: ["{python}", "{tools}/stdin_echo.py"]
+        stdin: json
+"""
+
+
+@pytest.fixture(scope="module")
+def agent_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("agent")
+    write_agent(directory, STANDARD_AGENT, pids=str(directory / "pids"))
+    return directory
+
+
+class Toolkeeper:
+    def __init__(self, process: Process, directory: Path):
+        self.process = process
+        self.base_url = process.url
+        self.directory = directory
+
+    def calls(self) -> list[list[str]]:
+        """The argv of every declared call that ran, as the tool itself recorded it."""
+        path = self.directory / "calls.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def reset(self) -> None:
+        for name in ("calls.jsonl", "pids"):
+            (self.directory / name).unlink(missing_ok=True)
+
+    def client(self, **kwargs):
+        from openai import OpenAI
+
+        return OpenAI(base_url=self.base_url, api_key="sk-test-agent", max_retries=0, **kwargs)
+
+    def async_client(self, **kwargs):
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(base_url=self.base_url, api_key="sk-test-agent", max_retries=0, **kwargs)
+
+
+def start_toolkeeper(agent_file: Path, upstream: str, *extra: str, env: dict[str, str] | None = None) -> Process:
+    return Process([sys.executable, "-m", "proxy", "serve", str(agent_file), "--port", "0", "--upstream", upstream,
+                    "--log-level", "WARNING", *extra], "toolkeeper listening on", env=env)
+
+
+@pytest.fixture(scope="module")
+def toolkeeper(scripted, agent_dir):
+    process = start_toolkeeper(agent_dir / "agent.yaml", scripted.base_url, "--read-timeout", "2",
+                               "--keepalive", "0.2")
+    yield Toolkeeper(process, agent_dir)
+    process.stop()
+
+
+@pytest.fixture
+def tk(toolkeeper):
+    """The module's toolkeeper, with the record of earlier calls cleared."""
+    toolkeeper.reset()
+    return toolkeeper
+
+
+def call(name: str, arguments, call_id: str | None = None) -> dict:
+    entry = {"name": name, "arguments": arguments}
+    if call_id:
+        entry["id"] = call_id
+    return entry
+
+
+USER = [{"role": "user", "content": "Please do the thing."}]
