@@ -130,14 +130,6 @@ def whole_response(result: TurnResult, request: dict[str, Any]) -> dict[str, Any
     return response
 
 
-class _Failed:
-    def __init__(self, error: Exception):
-        self.error = error
-
-
-_END = object()
-
-
 class StreamWriter:
     """Relays one turn to a streaming agent as Chat Completions SSE."""
 
@@ -149,63 +141,69 @@ class StreamWriter:
         self.response: web.StreamResponse | None = None
         self.head: dict[str, Any] | None = None
         self.role_sent = False
+        self._envelope: tuple[bytes, bytes] | None = None
 
     async def relay(self, events: AsyncIterator[Event]) -> web.StreamResponse:
-        # The engine runs in its own task so that keep-alives can be written
-        # while a tool runs; cancelling this handler (the agent went away)
-        # cancels the task, and with it the running tool.
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        producer = asyncio.create_task(_produce(events, queue))
-        working = False
+        # The engine runs in this handler's task: when the agent goes away,
+        # aiohttp cancels the handler, and the cancellation reaches the running
+        # tool, whose process group is killed. Keep-alives come from a timer
+        # task that lives only while a declared call is decided or run.
+        keepalive: asyncio.Task[None] | None = None
         try:
-            while True:
-                try:
-                    event = await asyncio.wait_for(queue.get(), self.keepalive)
-                except TimeoutError:
-                    if working or self.response is not None:
-                        await self._write(KEEPALIVE)
+            async for event in events:
+                if isinstance(event, Working):
+                    keepalive = keepalive or asyncio.create_task(self._keep_alive())
                     continue
-                if event is _END:
-                    break
-                if isinstance(event, _Failed):
-                    return await self._fail(event.error)
-                working = isinstance(event, Working)
+                if keepalive is not None:
+                    keepalive.cancel()
+                    await asyncio.gather(keepalive, return_exceptions=True)
+                    keepalive = None
                 if isinstance(event, Visible):
                     self.head = self.head or _head(event.head, self.body)
                     await self._write(self._chunk(event.delta))
                 elif isinstance(event, TurnResult):
                     await self._finish(event)
+        except UpstreamError as exc:
+            return await self._fail(exc)
+        except Exception as exc:
+            log.error("turn failed", exc_info=exc)
+            return await self._fail(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error"))
         finally:
-            producer.cancel()
-            await asyncio.gather(producer, return_exceptions=True)
-        assert self.response is not None
+            if keepalive is not None:
+                keepalive.cancel()
+        if self.response is None:
+            raise RuntimeError("the engine ended a turn without a result")
         return self.response
 
-    async def _prepare(self) -> web.StreamResponse:
-        if self.response is None:
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                                   "X-Accel-Buffering": "no"})
-            await response.prepare(self.request)
-            self.response = response
-        return self.response
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self.keepalive)
+            await self._write(KEEPALIVE)
 
     async def _write(self, data: bytes) -> None:
-        response = await self._prepare()
-        await response.write(data)
+        if self.response is None:
+            self.response = web.StreamResponse(headers={
+                "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        await self.response.prepare(self.request)  # returns at once once prepared
+        await self.response.write(data)
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         if not self.role_sent:
             delta = {"role": "assistant", **delta}
             self.role_sent = True
-        head = self.head or _head(None, self.body)
-        chunk = {"id": head["id"], "object": "chat.completion.chunk", "created": head["created"],
-                 "model": head["model"]}
-        if "system_fingerprint" in head:
-            chunk["system_fingerprint"] = head["system_fingerprint"]
-        chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
-        if self.include_usage:
-            chunk["usage"] = None
-        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+        if self._envelope is None:
+            # Every chunk of the turn shares id, created and model: serialise them once.
+            head = self.head or _head(None, self.body)
+            envelope = {"id": head["id"], "object": "chat.completion.chunk", "created": head["created"],
+                        "model": head["model"]}
+            if "system_fingerprint" in head:
+                envelope["system_fingerprint"] = head["system_fingerprint"]
+            prefix = b"data: " + orjson.dumps(envelope)[:-1] + b',"choices":[{"index":0,"delta":'
+            suffix = b',"usage":null}\n\n' if self.include_usage else b"}\n\n"
+            self._envelope = (prefix, suffix)
+        prefix, suffix = self._envelope
+        finish = b"null" if finish_reason is None else orjson.dumps(finish_reason)
+        return prefix + orjson.dumps(delta) + b',"logprobs":null,"finish_reason":' + finish + b"}]" + suffix
 
     async def _finish(self, result: TurnResult) -> None:
         self.head = self.head or _head(result.head, self.body)
@@ -221,25 +219,12 @@ class StreamWriter:
             parts.append(b"data: " + orjson.dumps(usage) + b"\n\n")
         parts.append(DONE)
         await self._write(b"".join(parts))
-        assert self.response is not None
-        await self.response.write_eof()
+        if self.response is not None:
+            await self.response.write_eof()
 
-    async def _fail(self, error: Exception) -> web.StreamResponse:
-        if not isinstance(error, UpstreamError):
-            log.error("turn failed", exc_info=error)
-            error = UpstreamError.ours(500, f"toolkeeper failed: {error}", "toolkeeper_error")
+    async def _fail(self, error: UpstreamError) -> web.StreamResponse:
         if self.response is None:
             return web.Response(status=error.status, body=error.body, headers={"Content-Type": error.content_type})
         await self.response.write(b"data: " + orjson.dumps({"error": error.error_object()}) + b"\n\n")
         await self.response.write_eof()
         return self.response
-
-
-async def _produce(events: AsyncIterator[Event], queue: asyncio.Queue[Any]) -> None:
-    try:
-        async for event in events:
-            await queue.put(event)
-    except Exception as exc:
-        await queue.put(_Failed(exc))
-        return
-    await queue.put(_END)

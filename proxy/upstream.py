@@ -125,34 +125,51 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
 
 
 async def _read_stream(response: aiohttp.ClientResponse) -> AsyncIterator[Visible | Round]:
+    """Parse SSE as it arrives; what one network read brings goes to the agent as one piece."""
     assembler = StreamAssembler()
-    data_lines: list[bytes] = []
+    pending = b""
     done = False
-    async for line in response.content:
-        line = line.rstrip(b"\r\n")
-        if line.startswith(b"data:"):
-            data_lines.append(line[6:] if line[5:6] == b" " else line[5:])
-            continue
-        if line or not data_lines:
-            continue  # comments, event:/id: fields, stray blank lines
-        done, visible = _dispatch(b"\n".join(data_lines), assembler)
-        data_lines = []
+    async for data in response.content.iter_any():
+        pending += data.replace(b"\r\n", b"\n") if b"\r" in data else data
+        *events, pending = pending.split(b"\n\n")
+        visible: dict[str, str] = {}
+        broken: UpstreamError | None = None
+        try:
+            for event in events:
+                done, seen = _dispatch(event, assembler)
+                if done:
+                    break
+                for key, value in (seen or {}).items():
+                    visible[key] = visible.get(key, "") + value
+        except UpstreamError as exc:
+            broken = exc
+        # what came before a broken event is the agent's, whatever the network's timing
+        if visible:
+            yield Visible(visible, assembler.head)
+        if broken is not None:
+            raise broken
         if done:
             break
-        if visible:
-            yield Visible(visible, assembler.head)
-    if data_lines and not done:  # the last event, with no blank line after it
-        done, visible = _dispatch(b"\n".join(data_lines), assembler)
-        if visible:
-            yield Visible(visible, assembler.head)
+    if pending.strip() and not done:  # the last event, with no blank line after it
+        done, seen = _dispatch(pending, assembler)
+        if seen:
+            yield Visible(seen, assembler.head)
     if not done and assembler.finish_reason is None:
         raise UpstreamError.ours(502, "the model server's stream ended before the response was complete",
                                  "upstream_incomplete")
     yield assembler.finish()
 
 
-def _dispatch(data: bytes, assembler: StreamAssembler) -> tuple[bool, dict[str, str] | None]:
+def _dispatch(event: bytes, assembler: StreamAssembler) -> tuple[bool, dict[str, str] | None]:
     """One SSE event: (the stream is done, what the agent may see of it)."""
+    if event.startswith(b"data: ") and b"\n" not in event:
+        data = event[6:]  # the usual shape: one data line
+    else:
+        lines = [line[6:] if line[5:6] == b" " else line[5:]
+                 for line in event.split(b"\n") if line.startswith(b"data:")]
+        if not lines:
+            return False, None  # a comment, or event:/id:/retry: fields only
+        data = b"\n".join(lines)
     if data.strip() == b"[DONE]":
         return True, None
     try:

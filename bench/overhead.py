@@ -1,0 +1,267 @@
+"""What toolkeeper adds to a request, measured against a direct connection in the same run.
+
+Three servers run as their own processes on 127.0.0.1: a fast mock model
+server, a bare aiohttp pass-through (the floor: what any proxy costs), and
+toolkeeper. The same requests go to each, at concurrency 1 and 32, streamed and
+not, for (a) a request whose model calls no declared tool and (b) one whose
+model calls one declared tool (`/bin/true`), and the script prints:
+
+- added latency p50/p99 against direct, for the floor and for toolkeeper;
+- throughput as a ratio of the floor's;
+- CPU per request of the floor and of toolkeeper;
+- for (b), what the declared round adds beyond the command's own run time
+  and the second model round: toolkeeper(b) - toolkeeper(a) - direct - /bin/true.
+
+Targets (issue 2): (a) throughput >= 0.8x the floor's and added p50 <= 0.4 ms at
+concurrency 1; (b) the declared round adds <= 2 ms beyond the command's run.
+
+    python bench/overhead.py            # the full run (about a minute)
+    python bench/overhead.py --quick    # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parent.parent
+TICKS = os.sysconf("SC_CLK_TCK")
+
+TEXT = "The build is green and the release notes are ready for review."
+MESSAGES = [{"role": "user", "content": "Is the build green?"}]
+
+
+# -- the mock model server -------------------------------------------------------------
+
+def _whole(message: dict) -> bytes:
+    return orjson.dumps({"id": "chatcmpl-bench", "object": "chat.completion", "created": 1700000000,
+                         "model": "bench", "choices": [{"index": 0, "message": message, "logprobs": None,
+                                                        "finish_reason": "tool_calls" if "tool_calls" in message
+                                                        else "stop"}],
+                         "usage": {"prompt_tokens": 20, "completion_tokens": 12, "total_tokens": 32}})
+
+
+def _sse(deltas: list[dict], finish: str) -> bytes:
+    head = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1700000000, "model": "bench"}
+    events = [{**head, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}]}
+              for d in deltas]
+    events.append({**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]})
+    return b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+CALL = {"id": "call_bench1", "type": "function", "function": {"name": "noop", "arguments": "{}"}}
+ANSWER_WHOLE = _whole({"role": "assistant", "content": TEXT})
+CALL_WHOLE = _whole({"role": "assistant", "content": None, "tool_calls": [CALL]})
+ANSWER_SSE = _sse([{"role": "assistant", "content": ""}] + [{"content": w + " "} for w in TEXT.split()], "stop")
+CALL_SSE = _sse([{"role": "assistant", "content": None},
+                 {"tool_calls": [{"index": 0, **CALL, "function": {"name": "noop", "arguments": ""}}]},
+                 {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}], "tool_calls")
+
+
+async def mock_chat(request: web.Request) -> web.StreamResponse:
+    body = orjson.loads(await request.read())
+    wants_call = (any(t.get("function", {}).get("name") == "noop" for t in body.get("tools") or [])
+                  and body["messages"][-1]["role"] != "tool" and body["messages"][-1].get("content") == "call")
+    if not body.get("stream"):
+        return web.Response(body=CALL_WHOLE if wants_call else ANSWER_WHOLE, content_type="application/json")
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(CALL_SSE if wants_call else ANSWER_SSE)
+    await response.write_eof()
+    return response
+
+
+def serve_mock(port: int) -> None:
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", mock_chat)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+# -- the floor: a bare aiohttp pass-through ----------------------------------------------
+
+def serve_floor(port: int, upstream: str) -> None:
+    async def forward(request: web.Request) -> web.StreamResponse:
+        session: aiohttp.ClientSession = request.app["session"]
+        async with session.post(upstream + "/chat/completions", data=await request.read(),
+                                headers={"Content-Type": "application/json"}) as answer:
+            response = web.StreamResponse(status=answer.status, headers={
+                "Content-Type": answer.headers.get("Content-Type", "application/json")})
+            await response.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    async def session_ctx(app: web.Application):
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            app["session"] = session
+            yield
+
+    app = web.Application()
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_post("/v1/chat/completions", forward)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+# -- the client ------------------------------------------------------------------------------
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+async def wait_ready(url: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(200):
+            try:
+                async with session.post(url + "/chat/completions", json={"messages": MESSAGES, "model": "b"}) as r:
+                    await r.read()
+                    return
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url} did not start")
+
+
+async def measure(url: str, body: bytes, concurrency: int, total: int, pid: int | None) -> dict:
+    latencies: list[float] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def one() -> None:
+            started = time.perf_counter()
+            async with session.post(url + "/chat/completions", data=body,
+                                    headers={"Content-Type": "application/json"}) as response:
+                await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"{url}: {response.status}")
+            latencies.append(time.perf_counter() - started)
+
+        for _ in range(min(50, total)):  # warm the pools
+            await one()
+        latencies.clear()
+        cpu_before = cpu_seconds(pid) if pid else 0.0
+        queue = iter(range(total))
+
+        async def worker() -> None:
+            for _ in queue:
+                await one()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+        cpu = (cpu_seconds(pid) - cpu_before) if pid else 0.0
+    latencies.sort()
+    return {"p50": statistics.median(latencies), "p99": latencies[int(len(latencies) * 0.99) - 1],
+            "rps": total / elapsed, "cpu_us": cpu / total * 1e6}
+
+
+async def true_run_time(samples: int) -> float:
+    times = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        process = await asyncio.create_subprocess_exec("/bin/true", start_new_session=True,
+                                                       stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        await process.communicate()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+async def run(quick: bool) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="tk-bench-"))
+    agent = workdir / "agent.yaml"
+    agent.write_text("upstream: http://127.0.0.1:9/v1\nyolo: true\ntools:\n"
+                     "  - name: noop\n    description: Do nothing. Returns nothing.\n"
+                     "    command: [/bin/true]\n")
+    mock_port, floor_port, tk_port = free_port(), free_port(), free_port()
+    mock_url = f"http://127.0.0.1:{mock_port}/v1"
+    me = [sys.executable, str(Path(__file__).resolve())]
+    processes = [
+        subprocess.Popen([*me, "--serve-mock", str(mock_port)]),
+        subprocess.Popen([*me, "--serve-floor", str(floor_port), mock_url]),
+        subprocess.Popen([sys.executable, "-m", "proxy", "serve", str(agent), "--port", str(tk_port),
+                          "--upstream", mock_url, "--log-level", "WARNING"], cwd=ROOT, stdout=subprocess.DEVNULL),
+    ]
+    urls = {"direct": mock_url, "floor": f"http://127.0.0.1:{floor_port}/v1",
+            "toolkeeper": f"http://127.0.0.1:{tk_port}/v1"}
+    pids = {"direct": None, "floor": processes[1].pid, "toolkeeper": processes[2].pid}
+    failed = False
+    try:
+        for url in urls.values():
+            await wait_ready(url)
+        sizes = {1: 300 if quick else 2000, 32: 600 if quick else 6000}
+        print(f"toolkeeper overhead, {os.cpu_count()} cores; latencies in ms, added = minus direct\n")
+        print(f"{'case':<26}{'conc':>5}{'direct p50':>11}{'floor +p50':>11}{'tk +p50':>9}{'tk +p99':>9}"
+              f"{'floor rps':>10}{'tk rps':>8}{'tk/floor':>9}{'floor cpu':>10}{'tk cpu':>8}")
+        results = {}
+        for stream in (False, True):
+            body = orjson.dumps({"model": "b", "messages": MESSAGES, "stream": stream})
+            for concurrency, total in sizes.items():
+                row = {name: await measure(url, body, concurrency, total, pids[name]) for name, url in urls.items()}
+                results[(stream, concurrency)] = row
+                d, f, t = row["direct"], row["floor"], row["toolkeeper"]
+                ratio = t["rps"] / f["rps"]
+                name = f"(a) no declared call{' SSE' if stream else ''}"
+                print(f"{name:<26}{concurrency:>5}{d['p50'] * 1e3:>11.3f}{(f['p50'] - d['p50']) * 1e3:>11.3f}"
+                      f"{(t['p50'] - d['p50']) * 1e3:>9.3f}{(t['p99'] - d['p99']) * 1e3:>9.3f}{f['rps']:>10.0f}"
+                      f"{t['rps']:>8.0f}{ratio:>9.2f}{f['cpu_us']:>8.0f}µs{t['cpu_us']:>6.0f}µs")
+
+        true_time = await true_run_time(50 if quick else 300)
+        print(f"\n/bin/true's own run time (asyncio subprocess, p50): {true_time * 1e3:.3f} ms")
+        print(f"{'case':<26}{'conc':>5}{'tk(b) p50':>11}{'tk(a) p50':>11}{'direct':>9}{'added':>9}"
+              f"{'tk(b) rps':>10}")
+        for stream in (False, True):
+            body = orjson.dumps({"model": "b", "messages": [{"role": "user", "content": "call"}], "stream": stream})
+            for concurrency, total in {1: sizes[1] // 2, 32: sizes[32] // 2}.items():
+                b = await measure(urls["toolkeeper"], body, concurrency, total, pids["toolkeeper"])
+                a = results[(stream, concurrency)]["toolkeeper"]
+                direct = results[(stream, concurrency)]["direct"]
+                added = b["p50"] - a["p50"] - direct["p50"] - true_time
+                name = f"(b) one declared call{' SSE' if stream else ''}"
+                print(f"{name:<26}{concurrency:>5}{b['p50'] * 1e3:>11.3f}{a['p50'] * 1e3:>11.3f}"
+                      f"{direct['p50'] * 1e3:>9.3f}{added * 1e3:>9.3f}{b['rps']:>10.0f}")
+    except Exception as exc:  # a broken run must say so, not print half a table
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+        failed = True
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(10)
+    return 1 if failed else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--serve-mock", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-floor", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_mock:
+        serve_mock(args.serve_mock)
+        return 0
+    if args.serve_floor:
+        serve_floor(int(args.serve_floor[0]), args.serve_floor[1])
+        return 0
+    return asyncio.run(run(args.quick))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
