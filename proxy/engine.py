@@ -21,6 +21,15 @@ import orjson
 from proxy.agentfile import Agent, DeclaredTool
 from proxy.arguments import check_arguments, invalid_call_answer, parse_arguments
 from proxy.consent import Consent, ConsentRequest
+from proxy.discovery import (
+    SEARCH_BUDGET,
+    SEARCH_SCHEMA,
+    SEARCH_TOOL,
+    ToolIndex,
+    budget_answer,
+    not_found_yet_answer,
+    search_answer,
+)
 from proxy.policy import Decision, TierPolicy
 from proxy.records import ExecutionRecord, Observer
 from proxy.rounds import Round, ToolCall, add_usage
@@ -100,6 +109,8 @@ class _Turn:
     usage: dict[str, Any] | None = None
     head: dict[str, Any] | None = None
     calls_seen: Counter[str] = field(default_factory=Counter)
+    discovered: set[str] = field(default_factory=set)
+    searches: int = 0
 
     def see(self, delta: dict[str, str]) -> None:
         for key, value in delta.items():
@@ -132,6 +143,7 @@ class Engine:
         self.max_rounds = max_rounds
         style = agent.config.schema_style
         self.schemas = {name: tool_schema(tool.spec, style) for name, tool in agent.tools.items()}
+        self.index = ToolIndex(agent.tools.values())
         self._warned_shadowed: set[str] = set()
 
     def active_tools(self, request: dict[str, Any]) -> dict[str, DeclaredTool]:
@@ -153,17 +165,24 @@ class Engine:
                   context: TurnContext | None = None) -> AsyncIterator[Event]:
         context = context or TurnContext()
         active = self.active_tools(request)
-        body = dict(request)
-        if active:
-            body["tools"] = list(request.get("tools") or []) + [self.schemas[name] for name in active]
-        elif not body.get("tools"):
-            body.pop("parallel_tool_calls", None)
         messages = list(request.get("messages") or [])
-        hidden: list[dict[str, Any]] = []
+        agent_tools = list(request.get("tools") or [])
         turn = _Turn()
+        searchable = {name for name, tool in active.items() if tool.spec.visibility == "discoverable"}
+        can_search = bool(searchable) and SEARCH_TOOL not in {_tool_name(t) for t in agent_tools}
+        # found in an earlier turn (the model called it), or no way to search: offered like an inline tool
+        turn.discovered = searchable if not can_search else searchable & _names_called(messages)
+        body = dict(request)
+        hidden: list[dict[str, Any]] = []
         last: Round | None = None
 
         for number in range(1, self.max_rounds + 1):
+            offered = [name for name in active if name not in searchable or name in turn.discovered]
+            tools = agent_tools + [self.schemas[name] for name in offered] + ([SEARCH_SCHEMA] if can_search else [])
+            if tools:
+                body["tools"] = tools
+            else:
+                body.pop("parallel_tool_calls", None)
             body["messages"] = messages + hidden
             last = None
             async for event in model.round(body):
@@ -176,8 +195,9 @@ class Engine:
                 raise RuntimeError("the model adapter ended a round without a result")
             turn.usage = add_usage(turn.usage, last.usage)
             turn.head = turn.head or last.head
-            declared = [call for call in last.tool_calls if call.name in active]
-            own = [call for call in last.tool_calls if call.name not in active]
+            hidden_names = active.keys() | ({SEARCH_TOOL} if can_search else set())
+            declared = [call for call in last.tool_calls if call.name in hidden_names]
+            own = [call for call in last.tool_calls if call.name not in hidden_names]
             if not declared:
                 yield self._result(turn, last, own, hidden, number)
                 return
@@ -185,8 +205,13 @@ class Engine:
             truncated = last.finish_reason == "length"
             results, ending = [], ""
             for call in declared:
-                yield Working(call.name)
-                outcome = await self._execute(call, active[call.name], truncated, turn, context)
+                if call.name == SEARCH_TOOL:
+                    outcome = self._search(call, turn, searchable, offered)
+                elif call.name in searchable and call.name not in turn.discovered:
+                    outcome = _Outcome(not_found_yet_answer(call.name, offered))
+                else:
+                    yield Working(call.name)
+                    outcome = await self._execute(call, active[call.name], truncated, turn, context)
                 results.append({"role": "tool", "tool_call_id": call.id, "content": outcome.answer})
                 ending = ending or outcome.ends_turn
             hidden.append(last.assistant_message())
@@ -204,6 +229,21 @@ class Engine:
                   "rounds without an answer.")
         yield turn.say(notice)
         yield self._result(turn, last, [], hidden, self.max_rounds, finish_reason="stop")  # type: ignore[arg-type]
+
+    def _search(self, call: ToolCall, turn: _Turn, searchable: set[str], offered: list[str]) -> _Outcome:
+        arguments, problem = parse_arguments(call.arguments)
+        query = (arguments or {}).get("query")
+        if problem or not isinstance(query, str) or not query.strip():
+            return _Outcome(f"Error: {SEARCH_TOOL} needs one field, query: a few words saying what you want to "
+                            f"do. You sent: {SEARCH_TOOL}({call.arguments_text})")
+        turn.searches += 1
+        if turn.searches > SEARCH_BUDGET:
+            return _Outcome(budget_answer())
+        found = self.index.search(query, among=searchable)
+        # Found tools join the offer here, inside the search itself, so the
+        # very next round already carries them.
+        turn.discovered |= set(found)
+        return _Outcome(search_answer(query, [self.agent.tools[name] for name in found], offered))
 
     def _result(self, turn: _Turn, last: Round, own: list[ToolCall], hidden: list[dict[str, Any]],
                 rounds: int, finish_reason: str | None = None) -> TurnResult:
@@ -318,6 +358,16 @@ def _tool_name(tool: Any) -> str | None:
             return function.get("name")
         return tool.get("name")
     return None
+
+
+def _names_called(messages: list[dict[str, Any]]) -> set[str]:
+    names = set()
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            for entry in message.get("tool_calls") or []:
+                if isinstance(entry, dict) and isinstance(entry.get("function"), dict):
+                    names.add(entry["function"].get("name"))
+    return names
 
 
 def _canonical(arguments: dict[str, Any]) -> str:
