@@ -63,7 +63,7 @@ def test_search_finds_a_tool_that_is_callable_in_the_next_round(scripted, tkd):
         {"content": "Exported."},
     )
     answer = tkd.client().chat.completions.create(model="m", messages=USER)
-    first, second, third = scripted.bodies()
+    first, second, _ = scripted.bodies()
     assert names(first) == ["lookup", "search_tools"]
     assert names(second) == ["lookup", "export_table", "search_tools"]
     assert results(second)[0].startswith("Found 1 tool; you can call them now:\n- export_table(table): Write a table")
@@ -91,7 +91,8 @@ def test_searches_are_capped_at_three_a_turn(scripted, tkd):
 
 
 def test_a_tool_found_in_an_earlier_turn_is_offered_at_once(scripted, tkd):
-    history = USER + [
+    history = [
+        *USER,
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_a", "type": "function", "function": {"name": "export_table", "arguments": '{"table":"x"}'}}]},
         {"role": "tool", "tool_call_id": "call_a", "content": "ran"},

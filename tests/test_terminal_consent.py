@@ -1,0 +1,105 @@
+"""yolo: false in a terminal: toolkeeper asks there, and the answer decides."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import ROOT, USER, call, write_agent
+
+AGENT = """
+    upstream: http://127.0.0.1:9/v1
+    yolo: false
+    tools:
+      - name: release
+        description: Publish a release.
+        parameters:
+          version: {type: string, description: "The version."}
+          channel: {type: string, enum: [stable, beta], description: "Where."}
+        command: ["{python}", "{tools}/record.py", "release", "{{version}}", "--channel={{channel}}"]
+        env: {OUT: "{out}"}
+"""
+
+
+class TerminalToolkeeper:
+    def __init__(self, agent_file, upstream):
+        self.master, slave = pty.openpty()
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", str(agent_file), "--port", "0", "--upstream", upstream,
+             "--log-level", "WARNING"],
+            stdin=slave, stdout=subprocess.PIPE, stderr=slave, text=True, cwd=ROOT, start_new_session=True)
+        os.close(slave)
+        line = self.popen.stdout.readline()
+        self.url = "http://" + line.split("http://", 1)[1].split()[0]
+
+    def read_until(self, text: str, timeout: float = 10) -> str:
+        seen = ""
+        deadline = time.monotonic() + timeout
+        while text not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([self.master], [], [], 0.1)
+            if ready:
+                seen += os.read(self.master, 4096).decode(errors="replace")
+        assert text in seen, seen
+        return seen
+
+    def answer(self, text: str) -> None:
+        os.write(self.master, (text + "\n").encode())
+
+    def stop(self) -> None:
+        os.killpg(self.popen.pid, signal.SIGTERM)
+        self.popen.wait(10)
+        self.popen.stdout.close()
+        os.close(self.master)
+
+
+@pytest.fixture(scope="module")
+def terminal(scripted, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("terminal")
+    write_agent(directory, AGENT)
+    tk = TerminalToolkeeper(directory / "agent.yaml", scripted.base_url)
+    tk.directory = directory
+    yield tk
+    tk.stop()
+
+
+def ask(terminal, scripted, version: str, reply: str) -> tuple[str, str]:
+    scripted.script({"tool_calls": [call("release", {"version": version, "channel": "beta"})]},
+                    {"content": "{tool_result}"})
+    from openai import OpenAI
+
+    answers = []
+    client = OpenAI(base_url=terminal.url, api_key="k", max_retries=0)
+    worker = threading.Thread(target=lambda: answers.append(
+        client.chat.completions.create(model="m", messages=USER).choices[0].message.content))
+    worker.start()
+    prompt = ""
+    if reply:
+        prompt = terminal.read_until("[y]es [n]o [a]lways")
+        terminal.answer(reply)
+    worker.join(20)
+    return prompt, answers[0]
+
+
+def test_yes_runs_the_call(terminal, scripted):
+    prompt, answer = ask(terminal, scripted, "1.0.0", "y")
+    assert "Allow release(version=1.0.0, channel=beta)? [y]es [n]o [a]lways" in prompt
+    assert "--channel=beta" in prompt  # the argv is shown too
+    assert answer.startswith('ran ["release", "1.0.0", "--channel=beta"]')
+
+
+def test_no_denies_and_the_model_is_told(terminal, scripted):
+    _, answer = ask(terminal, scripted, "2.0.0", "n")
+    assert answer.startswith("Not run: release was not allowed (the user said no)")
+
+
+def test_always_stops_asking_for_that_tool(terminal, scripted):
+    ask(terminal, scripted, "3.0.0", "a")
+    _, answer = ask(terminal, scripted, "3.0.1", "")  # no prompt this time
+    assert answer.startswith('ran ["release", "3.0.1", "--channel=beta"]')
