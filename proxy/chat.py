@@ -37,12 +37,10 @@ def bad_request(message: str, code: str = "invalid_request") -> web.Response:
                         content_type="application/json")
 
 
-def agent_identity(headers: Any) -> str:
-    """A short hash of the agent's credentials: enough to tell agents apart, never the key."""
+def credentials_hash(headers: Any) -> str:
+    """A hash of the agent's credentials: who the agent is, never the key itself."""
     credential = headers.get("Authorization") or headers.get("api-key") or ""
-    if not credential:
-        return "anonymous"
-    return hashlib.sha256(credential.encode()).hexdigest()[:16]
+    return hashlib.sha256(b"toolkeeper-tenant\x00" + credential.encode()).hexdigest()
 
 
 def check_request(body: Any) -> str | None:
@@ -65,8 +63,9 @@ class ChatCompletions:
         self.keepalive = keepalive
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
         try:
-            body = orjson.loads(await request.read())
+            body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             return bad_request(f"the request body is not valid JSON: {exc}")
         problem = check_request(body)
@@ -75,9 +74,12 @@ class ChatCompletions:
         if isinstance(body.get("n"), int) and body["n"] > 1 and self.engine.active_tools(body):
             return bad_request("n > 1 cannot be combined with declared tools: each choice would run them; "
                                "send n = 1", "n_not_supported")
+        tenant = credentials_hash(request.headers)
         context = TurnContext(
             request_id=request.headers.get("X-Request-Id") or secrets.token_hex(8),
-            agent=agent_identity(request.headers),
+            agent=tenant[:16],
+            tenant=tenant,
+            request_key=hashlib.sha256(tenant.encode() + b"\x00" + raw).hexdigest(),
         )
         events = self.engine.run(body, self.upstream.model(request.headers), context)
         if body.get("stream"):

@@ -30,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
                        help="seconds to wait for the model server's next byte (default 300)")
     serve.add_argument("--keepalive", type=float, default=5.0,
                        help="seconds between SSE keep-alive comments while a tool runs (default 5)")
+    serve.add_argument("--store", help="the SQLite file for hidden history and retries "
+                       "(default: toolkeeper.sqlite3 next to the agent file)")
+    serve.add_argument("--history-ttl", type=float, default=24 * 3600,
+                       help="seconds a hidden exchange is kept for the agent's next request (default 86400)")
     serve.add_argument("--log-level", default="INFO")
 
     commands.add_parser("demo", help="run the example agent file against a built-in offline model")
@@ -52,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 async def _serve(agent, args) -> int:
     from proxy.server import build_app
 
-    app = build_app(agent, read_timeout=args.read_timeout, keepalive=args.keepalive)
+    app = build_app(agent, read_timeout=args.read_timeout, keepalive=args.keepalive, store_path=args.store,
+                    history_ttl=args.history_ttl)
     # handler_cancellation: an agent that disconnects cancels its turn, and with
     # it the running tool (its process group is killed).
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

@@ -59,7 +59,8 @@ async def run_demo() -> int:
     agent = load_agent_file(example_agent_file(), upstream=f"http://127.0.0.1:{model_port}/v1")
     records: list[ExecutionRecord] = []
     consent = DemoConsent()
-    proxy_runner = web.AppRunner(build_app(agent, consent=consent, observers=[records.append]),
+    app = build_app(agent, consent=consent, observers=[records.append], store_path=":memory:")
+    proxy_runner = web.AppRunner(app,
                                  handler_cancellation=True, access_log=None)
     await proxy_runner.setup()
     site = web.TCPSite(proxy_runner, "127.0.0.1", 0)

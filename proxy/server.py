@@ -9,17 +9,21 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
 from proxy.agentfile import Agent
+from proxy.calls import DeclaredCalls
 from proxy.chat import ChatCompletions
 from proxy.consent import Consent, default_consent
 from proxy.engine import Engine
+from proxy.history import DEFAULT_TTL, History
 from proxy.policy import TierPolicy
 from proxy.records import Observer
 from proxy.runners import ArgvRunner
+from proxy.store import SQLiteStore
 from proxy.upstream import HOP_BY_HOP, Upstream, UpstreamError, forward_headers
 
 log = logging.getLogger("toolkeeper")
@@ -30,6 +34,10 @@ CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 
+def default_store_path(agent: Agent) -> Path:
+    return agent.directory / "toolkeeper.sqlite3"
+
+
 def build_app(
     agent: Agent,
     *,
@@ -38,14 +46,19 @@ def build_app(
     observers: Iterable[Observer] = (),
     read_timeout: float = 300,
     keepalive: float = 5.0,
+    store_path: str | Path | None = None,
+    history_ttl: float = DEFAULT_TTL,
 ) -> web.Application:
-    engine = Engine(
-        agent,
+    store = SQLiteStore(store_path or default_store_path(agent))
+    history = History(store, history_ttl)
+    calls = DeclaredCalls(
         runner=ArgvRunner(),
         consent=consent or default_consent(),
         policy=TierPolicy(agent.config.yolo if yolo is None else yolo),
+        store=store,
         observers=observers,
     )
+    engine = Engine(agent, calls, history=history)
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
     api_key = os.environ[agent.config.api_key_env] if agent.config.api_key_env else None
 
@@ -58,6 +71,7 @@ def build_app(
             app[UPSTREAM_KEY] = upstream
             app["chat"] = ChatCompletions(engine, upstream, keepalive=keepalive)
             yield
+        store.close()
 
     app.cleanup_ctx.append(upstream_session)
 
@@ -67,9 +81,18 @@ def build_app(
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "tools": sorted(agent.tools)})
 
+    async def metrics(request: web.Request) -> web.Response:
+        lines = ["# HELP toolkeeper_history_restorations_total Assistant messages given back their hidden "
+                 "exchange (hit), or that had one no longer found (miss: expired or edited history).",
+                 "# TYPE toolkeeper_history_restorations_total counter"]
+        for outcome in ("hit", "miss"):
+            lines.append(f'toolkeeper_history_restorations_total{{outcome="{outcome}"}} {history.counts[outcome]}')
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
     for path in CHAT_PATHS:
         app.router.add_post(path, chat)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
     app.router.add_route("*", "/{tail:.*}", passthrough)
     return app
 

@@ -6,6 +6,7 @@ the scripted model server is the only stand-in (no model runs here).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -241,4 +242,9 @@ def call(name: str, arguments, call_id: str | None = None) -> dict:
     return entry
 
 
-USER = [{"role": "user", "content": "Please do the thing."}]
+_asked = itertools.count(1)
+
+
+def user() -> list[dict]:
+    """A new question each time: identical requests within a minute are retries, and replay their calls."""
+    return [{"role": "user", "content": f"Please do the thing (request {next(_asked)})."}]

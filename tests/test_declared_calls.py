@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from conftest import USER, call
+from conftest import call, user
 
 
 def test_declared_call_runs_with_exact_argv_and_leaves_no_trace(scripted, tk):
@@ -13,7 +13,7 @@ def test_declared_call_runs_with_exact_argv_and_leaves_no_trace(scripted, tk):
         {"content": "Releasing.", "tool_calls": [call("release", {"version": "1.4.2", "channel": "beta"})]},
         {"content": "Released: {tool_result}"},
     )
-    answer = tk.client().chat.completions.create(model="m", messages=USER)
+    answer = tk.client().chat.completions.create(model="m", messages=user())
 
     assert tk.calls() == [["release", "1.4.2", "--channel=beta"]]  # the absent optional --notes entry dropped
     message = answer.choices[0].message
@@ -38,9 +38,9 @@ def test_streamed_answer_reassembles_to_the_non_streamed_one(scripted, tk):
         {"content": "It is a unit of length: {tool_result}"},
     )
     scripted.script(*steps)
-    whole = tk.client().chat.completions.create(model="m", messages=USER)
+    whole = tk.client().chat.completions.create(model="m", messages=user())
     scripted.script(*steps)
-    with tk.client().chat.completions.stream(model="m", messages=USER) as stream:
+    with tk.client().chat.completions.stream(model="m", messages=user()) as stream:
         for _ in stream:
             pass
         streamed = stream.get_final_completion()
@@ -56,7 +56,7 @@ def test_stream_has_one_id_role_once_and_one_done(scripted, tk):
         {"content": "Second. ", "tool_calls": [call("lookup", {"word": "b"})]},
         {"content": "Answer."},
     )
-    chunks = list(tk.client().chat.completions.create(model="m", messages=USER, stream=True))
+    chunks = list(tk.client().chat.completions.create(model="m", messages=user(), stream=True))
     assert len({chunk.id for chunk in chunks}) == 1
     assert len({chunk.created for chunk in chunks}) == 1
     roles = [c.choices[0].delta.role for c in chunks if c.choices and c.choices[0].delta.role]
@@ -73,7 +73,7 @@ def test_two_rounds_then_the_answer(scripted, tk):
         {"tool_calls": [call("release", {"version": "2.0.0", "channel": "stable"})]},
         {"content": "Both done."},
     )
-    answer = tk.client().chat.completions.create(model="m", messages=USER)
+    answer = tk.client().chat.completions.create(model="m", messages=user())
     assert answer.choices[0].message.content == "Both done."
     assert tk.calls() == [["lookup", "alpha"], ["release", "2.0.0", "--channel=stable"]]
     third = scripted.bodies()[2]["messages"]
@@ -82,7 +82,7 @@ def test_two_rounds_then_the_answer(scripted, tk):
 
 def test_round_cap_ends_the_turn_cleanly(scripted, tk):
     scripted.script(*[{"tool_calls": [call("lookup", {"word": f"w{i}"})]} for i in range(16)])
-    answer = tk.client().chat.completions.create(model="m", messages=USER)
+    answer = tk.client().chat.completions.create(model="m", messages=user())
     assert len(scripted.bodies()) == 16
     assert len(tk.calls()) == 16
     assert answer.choices[0].finish_reason == "stop"
@@ -99,7 +99,7 @@ def test_shell_syntax_arrives_as_one_argv_entry(scripted, tk, tmp_path):
                         call("lookup", {"word": f"`touch {marker}` && rm -rf ~"})]},
         {"content": "ok"},
     )
-    tk.client().chat.completions.create(model="m", messages=USER)
+    tk.client().chat.completions.create(model="m", messages=user())
     assert tk.calls() == [
         ["release", evil, "--channel=beta", f"--notes={subst}"],
         ["lookup", f"`touch {marker}` && rm -rf ~"],
@@ -112,7 +112,7 @@ def test_lenient_coercion_accepts_what_needs_no_guess(scripted, tk):
         {"tool_calls": [call("count", {"n": "3", "ratio": "2.5", "flag": "true", "items": ["a", "b c"]})]},
         {"content": "ok"},
     )
-    tk.client().chat.completions.create(model="m", messages=USER)
+    tk.client().chat.completions.create(model="m", messages=user())
     assert tk.calls() == [["count", "3", "--ratio=2.5", "--flag=true", "a", "b c"]]
 
 
@@ -134,7 +134,7 @@ def test_invalid_calls_are_answered_and_the_retry_succeeds(scripted, tk):
             {"content": "fixed"},
         )
         tk.reset()
-        answer = tk.client().chat.completions.create(model="m", messages=USER)
+        answer = tk.client().chat.completions.create(model="m", messages=user())
         assert answer.choices[0].message.content == "fixed"
         assert tk.calls() == [["count", "7"]], arguments  # only the corrected call ran
         feedback = _tool_results(scripted.bodies()[1])[0]
@@ -149,7 +149,7 @@ def test_a_value_outside_enum_names_the_allowed_values(scripted, tk):
         {"tool_calls": [call("release", {"version": "1.0.0", "channel": "nightly"})]},
         {"content": "ok"},
     )
-    tk.client().chat.completions.create(model="m", messages=USER)
+    tk.client().chat.completions.create(model="m", messages=user())
     assert tk.calls() == []
     feedback = _tool_results(scripted.bodies()[1])[0]
     assert 'channel must be one of: stable, beta; got "nightly"' in feedback
@@ -161,7 +161,7 @@ def test_packed_call_names_the_missing_field(scripted, tk):
         {"tool_calls": [call("release", {"version": "1.4.2 1.4.2, channel beta"})]},
         {"content": "ok"},
     )
-    tk.client().chat.completions.create(model="m", messages=USER)
+    tk.client().chat.completions.create(model="m", messages=user())
     assert tk.calls() == []
     feedback = _tool_results(scripted.bodies()[1])[0]
     assert "channel is missing; it is required" in feedback
@@ -176,7 +176,7 @@ def test_arguments_that_are_not_json_or_truncated_never_run(scripted, tk):
         {"tool_calls": [call("lookup", '{"word": "cut"}')], "finish_reason": "length"},
         {"content": "gave up"},
     )
-    answer = tk.client().chat.completions.create(model="m", messages=USER)
+    answer = tk.client().chat.completions.create(model="m", messages=user())
     assert answer.choices[0].message.content == "gave up"
     assert tk.calls() == []
     bodies = scripted.bodies()
@@ -187,7 +187,7 @@ def test_arguments_that_are_not_json_or_truncated_never_run(scripted, tk):
 def test_loop_detector_stops_the_same_invalid_call(scripted, tk):
     same = {"tool_calls": [call("count", {"n": "many"})]}
     scripted.script(*[same] * 6, {"content": "unreachable"})
-    answer = tk.client().chat.completions.create(model="m", messages=USER)
+    answer = tk.client().chat.completions.create(model="m", messages=user())
     bodies = scripted.bodies()
     assert len(bodies) == 5  # the 5th identical call ends the turn
     results = _tool_results(bodies[4])
@@ -208,19 +208,19 @@ def test_usage_is_summed_and_sent_once_only_when_asked(scripted, tk):
                                    "completion_tokens_details": {"reasoning_tokens": 4}}},
     )
     scripted.script(*steps)
-    whole = tk.client().chat.completions.create(model="m", messages=USER)
+    whole = tk.client().chat.completions.create(model="m", messages=user())
     assert (whole.usage.prompt_tokens, whole.usage.completion_tokens, whole.usage.total_tokens) == (230, 30, 260)
     assert whole.usage.completion_tokens_details.reasoning_tokens == 7
 
     scripted.script(*steps)
-    chunks = list(tk.client().chat.completions.create(model="m", messages=USER, stream=True,
+    chunks = list(tk.client().chat.completions.create(model="m", messages=user(), stream=True,
                                                       stream_options={"include_usage": True}))
     usages = [c.usage for c in chunks if c.usage]
     assert len(usages) == 1 and usages[0].total_tokens == 260
     assert chunks[-1].usage is not None and chunks[-1].choices == []
 
     scripted.script(*steps)
-    chunks = list(tk.client().chat.completions.create(model="m", messages=USER, stream=True))
+    chunks = list(tk.client().chat.completions.create(model="m", messages=user(), stream=True))
     assert not any(c.usage for c in chunks)
     assert "stream_options" not in scripted.bodies()[0]
 
@@ -230,7 +230,7 @@ def test_the_agents_own_tools_and_calls_pass_through(scripted, tk):
                                                 "parameters": {"type": "object", "properties": {
                                                     "city": {"type": "string"}}, "required": ["city"]}}}
     scripted.script({"content": None, "tool_calls": [call("get_weather", '{"city":"Oslo"}', "call_w1")]})
-    answer = tk.client().chat.completions.create(model="m", messages=USER, tools=[weather])
+    answer = tk.client().chat.completions.create(model="m", messages=user(), tools=[weather])
     body = scripted.bodies()[0]
     assert body["tools"][0] == weather  # untouched, first
     assert {t["function"]["name"] for t in body["tools"][1:]} >= {"release", "count"}
@@ -245,7 +245,7 @@ def test_an_agent_tool_named_like_a_declared_tool_wins(scripted, tk):
     own = {"type": "function", "function": {"name": "lookup", "description": "The agent's own lookup.",
                                             "parameters": {"type": "object", "properties": {}}}}
     scripted.script({"tool_calls": [call("lookup", {"word": "mine"}, "call_own")]})
-    answer = tk.client().chat.completions.create(model="m", messages=USER, tools=[own])
+    answer = tk.client().chat.completions.create(model="m", messages=user(), tools=[own])
     sent = scripted.bodies()[0]["tools"]
     assert [t for t in sent if t["function"]["name"] == "lookup"] == [own]
     assert answer.choices[0].message.tool_calls[0].id == "call_own"
@@ -257,13 +257,13 @@ def test_stdin_json_gets_the_coerced_arguments(scripted, tk):
         {"tool_calls": [call("feed", {"doc": {"a": [1, 2], "b": None}, "label": "x"})]},
         {"content": "{tool_result}"},
     )
-    answer = tk.client().chat.completions.create(model="m", messages=USER)
+    answer = tk.client().chat.completions.create(model="m", messages=user())
     assert answer.choices[0].message.content == 'stdin {"doc": {"a": [1, 2], "b": null}, "label": "x"}'
 
 
 def test_a_failing_tool_reports_exit_status_and_stderr(scripted, tk):
     scripted.script({"tool_calls": [call("fail", {"why": "disk full"})]}, {"content": "{tool_result}"})
-    answer = tk.client().chat.completions.create(model="m", messages=USER)
+    answer = tk.client().chat.completions.create(model="m", messages=user())
     assert answer.choices[0].message.content == (
         "The command failed with exit status 3.\nstdout:\npartial output\n\nstderr:\nerror: disk full")
 
@@ -276,7 +276,7 @@ def test_async_client_streams_too(scripted, tk):
 
     async def run() -> str:
         async with tk.async_client() as client:
-            stream = await client.chat.completions.create(model="m", messages=USER, stream=True)
+            stream = await client.chat.completions.create(model="m", messages=user(), stream=True)
             return "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
 
     assert asyncio.run(run()) == "Checking... Done."

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import USER, Toolkeeper, call, start_toolkeeper, write_agent
+from conftest import Toolkeeper, call, start_toolkeeper, user, write_agent
 
 AGENT = """
     upstream: http://127.0.0.1:9/v1
@@ -62,7 +62,7 @@ def test_search_finds_a_tool_that_is_callable_in_the_next_round(scripted, tkd):
         {"tool_calls": [call("export_table", {"table": "orders"})]},
         {"content": "Exported."},
     )
-    answer = tkd.client().chat.completions.create(model="m", messages=USER)
+    answer = tkd.client().chat.completions.create(model="m", messages=user())
     first, second, _ = scripted.bodies()
     assert names(first) == ["lookup", "search_tools"]
     assert names(second) == ["lookup", "export_table", "search_tools"]
@@ -74,7 +74,7 @@ def test_search_finds_a_tool_that_is_callable_in_the_next_round(scripted, tkd):
 
 def test_a_tool_not_found_yet_is_answered_with_the_search_to_make(scripted, tkd):
     scripted.script({"tool_calls": [call("index_stats", {"index": "pk"})]}, {"content": "ok"})
-    tkd.client().chat.completions.create(model="m", messages=USER)
+    tkd.client().chat.completions.create(model="m", messages=user())
     assert tkd.calls() == []
     assert results(scripted.bodies()[1])[0] == (
         "Tool 'index_stats' is not in your active set. Call search_tools(query='index_stats') to discover it, "
@@ -84,7 +84,7 @@ def test_a_tool_not_found_yet_is_answered_with_the_search_to_make(scripted, tkd)
 def test_searches_are_capped_at_three_a_turn(scripted, tkd):
     scripted.script(*[{"tool_calls": [call("search_tools", {"query": f"zebra {i}"})]} for i in range(4)],
                     {"content": "gave up"})
-    tkd.client().chat.completions.create(model="m", messages=USER)
+    tkd.client().chat.completions.create(model="m", messages=user())
     last = results(scripted.bodies()[4])
     assert last[0].startswith("No tool matches 'zebra 0'. Try other words, or use one of the tools you have: lookup.")
     assert last[3].startswith('{"error": "search-budget-exhausted", "budgetCap": 3}')
@@ -92,7 +92,7 @@ def test_searches_are_capped_at_three_a_turn(scripted, tkd):
 
 def test_a_tool_found_in_an_earlier_turn_is_offered_at_once(scripted, tkd):
     history = [
-        *USER,
+        *user(),
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_a", "type": "function", "function": {"name": "export_table", "arguments": '{"table":"x"}'}}]},
         {"role": "tool", "tool_call_id": "call_a", "content": "ran"},

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from conftest import USER, call
+from conftest import call, user
 
 
 def alive(pid: int) -> bool:
@@ -60,7 +60,7 @@ def raw_post(tk, body: dict, timeout: float = 10) -> tuple[int, bytes]:
 def test_upstream_error_keeps_status_and_body(scripted, tk, stream):
     scripted.script({"status": 429, "body": {"error": {"message": "Rate limit reached", "type": "requests",
                                                         "code": "rate_limit_exceeded"}}})
-    status, data = raw_post(tk, {"model": "m", "messages": USER, "stream": stream})
+    status, data = raw_post(tk, {"model": "m", "messages": user(), "stream": stream})
     assert status == 429
     assert json.loads(data) == {"error": {"message": "Rate limit reached", "type": "requests",
                                           "code": "rate_limit_exceeded"}}
@@ -69,7 +69,7 @@ def test_upstream_error_keeps_status_and_body(scripted, tk, stream):
 def test_upstream_500_reaches_the_openai_client_as_such(scripted, tk):
     scripted.script({"status": 500, "body": {"error": {"message": "the GPU caught fire", "type": "server_error"}}})
     with pytest.raises(openai.InternalServerError) as caught:
-        tk.client().chat.completions.create(model="m", messages=USER)
+        tk.client().chat.completions.create(model="m", messages=user())
     assert caught.value.status_code == 500
     assert "the GPU caught fire" in str(caught.value)
 
@@ -77,7 +77,7 @@ def test_upstream_500_reaches_the_openai_client_as_such(scripted, tk):
 def test_upstream_error_in_a_later_round_keeps_its_status(scripted, tk):
     scripted.script({"tool_calls": [call("lookup", {"word": "x"})]},
                     {"status": 503, "body": {"error": {"message": "overloaded"}}})
-    status, data = raw_post(tk, {"model": "m", "messages": USER})
+    status, data = raw_post(tk, {"model": "m", "messages": user()})
     assert status == 503 and b"overloaded" in data
     assert tk.calls() == [["lookup", "x"]]
 
@@ -86,7 +86,7 @@ def test_upstream_error_in_a_later_round_keeps_its_status(scripted, tk):
 def test_upstream_timeout_is_a_504(scripted, tk, stream):
     scripted.script({"hang": True})
     started = time.monotonic()
-    status, data = raw_post(tk, {"model": "m", "messages": USER, "stream": stream})
+    status, data = raw_post(tk, {"model": "m", "messages": user(), "stream": stream})
     assert status == 504
     assert json.loads(data)["error"]["code"] == "upstream_timeout"
     assert time.monotonic() - started < 10  # toolkeeper's read timeout is 2 s here
@@ -95,14 +95,14 @@ def test_upstream_timeout_is_a_504(scripted, tk, stream):
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_malformed_upstream_json_is_a_502(scripted, tk, stream):
     scripted.script({"raw": '{"choices": [ {"message": '})
-    status, data = raw_post(tk, {"model": "m", "messages": USER, "stream": stream})
+    status, data = raw_post(tk, {"model": "m", "messages": user(), "stream": stream})
     assert status == 502
     assert "malformed JSON" in json.loads(data)["error"]["message"]
 
 
 def test_broken_sse_before_the_first_byte_is_a_502(scripted, tk):
     scripted.script({"raw": "data: {garbage\n\n", "content_type": "text/event-stream"})
-    status, data = raw_post(tk, {"model": "m", "messages": USER, "stream": True})
+    status, data = raw_post(tk, {"model": "m", "messages": user(), "stream": True})
     assert status == 502
     assert "malformed stream event" in json.loads(data)["error"]["message"]
 
@@ -115,7 +115,7 @@ def test_unreachable_upstream_is_a_502(agent_dir, tmp_path):
         closed_port = probe.getsockname()[1]
     process = start_toolkeeper(agent_dir / "agent.yaml", f"http://127.0.0.1:{closed_port}/v1")
     try:
-        status, data = raw_post(Toolkeeper(process, agent_dir), {"model": "m", "messages": USER})
+        status, data = raw_post(Toolkeeper(process, agent_dir), {"model": "m", "messages": user()})
     finally:
         process.stop()
     assert status == 502
@@ -127,7 +127,7 @@ def test_unreachable_upstream_is_a_502(agent_dir, tmp_path):
 @pytest.mark.parametrize("quirk", ["error_mid_stream", "drop_mid_stream", "garbage_mid_stream"])
 def test_stream_failure_after_the_first_byte(scripted, tk, quirk):
     scripted.script({"content": "Partial answer", "quirks": [quirk]})
-    status, data = raw_post(tk, {"model": "m", "messages": USER, "stream": True})
+    status, data = raw_post(tk, {"model": "m", "messages": user(), "stream": True})
     assert status == 200
     events = [e for e in data.decode().split("\n\n") if e]
     assert events[0].startswith("data: ") and '"role":"assistant"' in events[0]
@@ -139,7 +139,7 @@ def test_upstream_failure_after_a_hidden_round_mid_stream(scripted, tk):
     scripted.script({"content": "Let me look. ", "tool_calls": [call("lookup", {"word": "x"})]},
                     {"status": 500, "body": {"error": {"message": "round two failed", "type": "server_error"}}})
     with pytest.raises(openai.APIError) as caught:
-        for _ in tk.client().chat.completions.create(model="m", messages=USER, stream=True):
+        for _ in tk.client().chat.completions.create(model="m", messages=user(), stream=True):
             pass
     assert "round two failed" in str(caught.value)
 
@@ -169,7 +169,7 @@ def test_malformed_requests_get_a_clear_400(tk, body, expected):
 
 def test_a_hanging_tool_is_killed_with_its_whole_group(scripted, tk):
     scripted.script({"tool_calls": [call("hang", {"tag": "t1"})]}, {"content": "{tool_result}"})
-    answer = tk.client().chat.completions.create(model="m", messages=USER)
+    answer = tk.client().chat.completions.create(model="m", messages=user())
     text = answer.choices[0].message.content
     assert text.startswith("The command timed out after 1 s and was stopped (its whole process group killed).")
     assert "started" in text  # what it printed before is kept
@@ -180,7 +180,7 @@ def test_a_hanging_tool_is_killed_with_its_whole_group(scripted, tk):
 
 def test_a_flood_of_output_is_cut_keeping_head_and_tail(scripted, tk):
     scripted.script({"tool_calls": [call("flood", {"megabytes": 10})]}, {"content": "ok"})
-    tk.client().chat.completions.create(model="m", messages=USER)
+    tk.client().chat.completions.create(model="m", messages=user())
     result = next(m for m in scripted.bodies()[1]["messages"] if m["role"] == "tool")["content"]
     assert result.startswith("BEGIN\n")
     assert result.endswith("END\n")
@@ -196,7 +196,7 @@ def test_an_agent_that_disconnects_cancels_the_running_tool(scripted, tk, stream
     url = urllib.parse.urlsplit(tk.base_url)
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
     connection.request("POST", url.path + "/chat/completions",
-                       json.dumps({"model": "m", "messages": USER, "stream": stream}),
+                       json.dumps({"model": "m", "messages": user(), "stream": stream}),
                        {"Content-Type": "application/json"})
     response = None
     if stream:

@@ -8,7 +8,7 @@ import sys
 
 import openai
 import pytest
-from conftest import USER, call, start_toolkeeper, write_agent
+from conftest import call, start_toolkeeper, user, write_agent
 from test_failures import raw_post
 
 
@@ -25,7 +25,7 @@ def test_other_endpoints_pass_through_untouched(scripted, tk):
 
 def test_the_agents_authorization_goes_upstream(scripted, tk):
     scripted.script({"content": "hi"})
-    tk.client().chat.completions.create(model="m", messages=USER)
+    tk.client().chat.completions.create(model="m", messages=user())
     assert scripted.requests()[0]["headers"]["Authorization"] == "Bearer sk-test-agent"
 
 
@@ -42,7 +42,7 @@ def test_api_key_env_replaces_the_agents_key(scripted, tmp_path):
         from openai import OpenAI
 
         OpenAI(base_url=process.url, api_key="sk-agent", max_retries=0).chat.completions.create(
-            model="m", messages=USER)
+            model="m", messages=user())
         OpenAI(base_url=process.url, api_key="sk-agent", max_retries=0).models.list()
     finally:
         log = process.stop()
@@ -58,7 +58,7 @@ def _content(sse: str) -> str:
 
 def test_keep_alive_comments_while_a_tool_runs(scripted, tk):
     scripted.script({"content": "Napping. ", "tool_calls": [call("nap", {"seconds": 1})]}, {"content": "Awake."})
-    status, data = raw_post(tk, {"model": "m", "messages": USER, "stream": True})
+    status, data = raw_post(tk, {"model": "m", "messages": user(), "stream": True})
     assert status == 200
     text = data.decode()
     before, after = text.split(": keep-alive\n\n", 1)
@@ -71,14 +71,14 @@ def test_keep_alive_comments_while_a_tool_runs(scripted, tk):
 
 def test_tool_choice_none_injects_nothing(scripted, tk):
     scripted.script({"content": "plain"})
-    answer = tk.client().chat.completions.create(model="m", messages=USER, tool_choice="none")
+    answer = tk.client().chat.completions.create(model="m", messages=user(), tool_choice="none")
     assert answer.choices[0].message.content == "plain"
     assert "tools" not in scripted.bodies()[0]
 
 
 def test_forced_declared_call_is_followed_by_auto(scripted, tk):
     scripted.script({"tool_calls": [call("lookup", {"word": "x"})]}, {"content": "done"})
-    tk.client().chat.completions.create(model="m", messages=USER,
+    tk.client().chat.completions.create(model="m", messages=user(),
                                         tool_choice={"type": "function", "function": {"name": "lookup"}})
     first, second = scripted.bodies()
     assert first["tool_choice"] == {"type": "function", "function": {"name": "lookup"}}
@@ -121,7 +121,7 @@ def test_without_a_consent_channel_a_gated_tool_is_denied(scripted, gated):
     from openai import OpenAI
 
     answer = OpenAI(base_url=process.url, api_key="k", max_retries=0).chat.completions.create(
-        model="m", messages=USER)
+        model="m", messages=user())
     assert answer.choices[0].message.content == "I could not release it."
     calls = (directory / "calls.jsonl").read_text().splitlines()
     assert calls == ['["lookup", "fine"]']  # the silent tool ran, the gated one did not

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import USER, call
+from conftest import call, user
 
 TRICKY = {"word": 'é"q\\ ☃ 😀 \u00e9 \\u2603'}  # escapes, a snowman, an emoji: split anywhere
 QUIRKS = ["args_one_chunk", "split_escape", "byte_drip", "args_object", "no_ids", "empty_ids", "int_ids",
@@ -22,12 +22,12 @@ def test_declared_call_survives_quirk(scripted, tk, quirk, stream):
     )
     client = tk.client()
     if stream:
-        with client.chat.completions.stream(model="m", messages=USER) as events:
+        with client.chat.completions.stream(model="m", messages=user()) as events:
             for _ in events:
                 pass
             answer = events.get_final_completion()
     else:
-        answer = client.chat.completions.create(model="m", messages=USER)
+        answer = client.chat.completions.create(model="m", messages=user())
     assert tk.calls() == [["lookup", TRICKY["word"]]]
     assert answer.choices[0].message.content == "Looking it up. Found it."
     assert not answer.choices[0].message.tool_calls
@@ -47,7 +47,7 @@ def test_parallel_calls_all_at_index_0(scripted, tk, stream):
          "quirks": ["all_index_0", "no_ids", "stop_with_tools"]},
         {"content": "Both."},
     )
-    answer = tk.client().chat.completions.create(model="m", messages=USER, stream=stream)
+    answer = tk.client().chat.completions.create(model="m", messages=user(), stream=stream)
     if stream:
         text = "".join(chunk.choices[0].delta.content or "" for chunk in answer if chunk.choices)
     else:
@@ -71,12 +71,12 @@ def test_agent_calls_reach_the_agent_well_formed(scripted, tk, quirk, stream):
     scripted.script({"tool_calls": [call("get_weather", {"city": "Zürich"})], "quirks": [quirk]})
     client = tk.client()
     if stream:
-        with client.chat.completions.stream(model="m", messages=USER, tools=[AGENT_TOOL]) as events:
+        with client.chat.completions.stream(model="m", messages=user(), tools=[AGENT_TOOL]) as events:
             for _ in events:
                 pass
             answer = events.get_final_completion()
     else:
-        answer = client.chat.completions.create(model="m", messages=USER, tools=[AGENT_TOOL])
+        answer = client.chat.completions.create(model="m", messages=user(), tools=[AGENT_TOOL])
     calls = answer.choices[0].message.tool_calls
     assert len(calls) == 1
     assert calls[0].function.name == "get_weather"
@@ -90,7 +90,7 @@ def test_reasoning_content_streams_through(scripted, tk):
         {"reasoning_content": "The user wants a lookup.", "tool_calls": [call("lookup", {"word": "x"})]},
         {"reasoning_content": "Now answer.", "content": "Done."},
     )
-    chunks = list(tk.client().chat.completions.create(model="m", messages=USER, stream=True))
+    chunks = list(tk.client().chat.completions.create(model="m", messages=user(), stream=True))
     reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
     assert reasoning == "The user wants a lookup.Now answer."
     # and the model gets its reasoning back in the hidden history

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT, USER, call, write_agent
+from conftest import ROOT, call, user, write_agent
 
 AGENT = """
     upstream: http://127.0.0.1:9/v1
@@ -77,7 +77,7 @@ def ask(terminal, scripted, version: str, reply: str) -> tuple[str, str]:
     answers = []
     client = OpenAI(base_url=terminal.url, api_key="k", max_retries=0)
     worker = threading.Thread(target=lambda: answers.append(
-        client.chat.completions.create(model="m", messages=USER).choices[0].message.content))
+        client.chat.completions.create(model="m", messages=user()).choices[0].message.content))
     worker.start()
     prompt = ""
     if reply:
