@@ -10,6 +10,7 @@ index 0 (Ollama), an empty-choices chunk first (Azure).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 import string
@@ -25,9 +26,20 @@ ID_ALPHABET = string.ascii_letters + string.digits
 VALID_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-def new_call_id() -> str:
-    """9 alphanumerics: accepted by strict servers (Mistral) and OpenAI alike."""
-    return "".join(secrets.choice(ID_ALPHABET) for _ in range(9))
+def made_call_id(seed: str, position: int, call: ToolCall) -> str:
+    """9 alphanumerics, accepted by strict servers (Mistral) and OpenAI alike.
+
+    Derived from the response's id and the call, so the same response always
+    gets the same ids (a replay, a golden transcript), and different responses
+    different ones.
+    """
+    digest = hashlib.sha256(f"{seed}\x00{position}\x00{call.name}\x00{call.arguments_text}".encode()).digest()
+    number = int.from_bytes(digest[:12], "big")
+    letters = []
+    for _ in range(9):
+        number, rest = divmod(number, len(ID_ALPHABET))
+        letters.append(ID_ALPHABET[rest])
+    return "".join(letters)
 
 
 @dataclass
@@ -163,7 +175,7 @@ class StreamAssembler:
     def finish(self) -> Round:
         calls = [ToolCall(c.id, c.name, c.obj if c.obj is not None else c.text, c.extra) for c in self.calls]
         normalized = any(c.obj is not None for c in self.calls)
-        normalized |= _fix_ids(calls)
+        normalized |= _fix_ids(calls, self.head.get("id"))
         return Round(self.head, self.message, calls, self.finish_reason, self.usage, normalized=normalized)
 
 
@@ -181,19 +193,20 @@ def round_from_response(raw: bytes, body: dict[str, Any]) -> Round:
         normalized |= isinstance(arguments, dict)
         extra = {k: v for k, v in entry.items() if k not in ("index", "id", "type", "function")}
         calls.append(ToolCall(entry.get("id"), function.get("name") or "", arguments, extra))
-    normalized |= _fix_ids(calls)
+    normalized |= _fix_ids(calls, body.get("id"))
     normalized |= bool(calls) and choice.get("finish_reason") not in ("tool_calls", "length")
     head = {key: body[key] for key in HEAD_FIELDS if key in body}
     return Round(head, message, calls, choice.get("finish_reason"), body.get("usage"), raw=raw, normalized=normalized)
 
 
-def _fix_ids(calls: list[ToolCall]) -> bool:
+def _fix_ids(calls: list[ToolCall], response_id: Any) -> bool:
     """Give every call a unique, valid id; True when one had to be made."""
+    seed = response_id if isinstance(response_id, str) and response_id else secrets.token_hex(8)
     changed = False
     seen: set[str] = set()
-    for call in calls:
+    for position, call in enumerate(calls):
         if not isinstance(call.id, str) or not VALID_ID.match(call.id) or call.id in seen:
-            call.id = new_call_id()
+            call.id = made_call_id(seed, position, call)
             changed = True
         seen.add(call.id)
     return changed

@@ -108,9 +108,9 @@ class _Response:
     def __init__(self, step: dict[str, Any], request: dict[str, Any], response_id: str, quirks: set[str]):
         self.step = step
         self.request = request
-        self.id = response_id
+        self.id = step.get("id", response_id)
         self.quirks = quirks
-        self.created = int(time.time())
+        self.created = step.get("created", int(time.time()))
         self.model = request.get("model") or MODEL
         self.content = _fill(step.get("content"), request)
         self.calls = []
