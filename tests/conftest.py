@@ -192,6 +192,7 @@ class Toolkeeper:
         self.process = process
         self.base_url = process.url
         self.directory = directory
+        self._clients: list = []
 
     def calls(self) -> list[list[str]]:
         """The argv of every declared call that ran, as the tool itself recorded it."""
@@ -207,7 +208,15 @@ class Toolkeeper:
     def client(self, **kwargs):
         from openai import OpenAI
 
-        return OpenAI(base_url=self.base_url, api_key="sk-test-agent", max_retries=0, **kwargs)
+        kwargs = {"api_key": "sk-test-agent", "max_retries": 0, **kwargs}
+        client = OpenAI(base_url=self.base_url, **kwargs)
+        self._clients.append(client)
+        return client
+
+    def close_clients(self) -> None:
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
 
     def async_client(self, **kwargs):
         from openai import AsyncOpenAI
@@ -232,7 +241,8 @@ def toolkeeper(scripted, agent_dir):
 def tk(toolkeeper):
     """The module's toolkeeper, with the record of earlier calls cleared."""
     toolkeeper.reset()
-    return toolkeeper
+    yield toolkeeper
+    toolkeeper.close_clients()
 
 
 def call(name: str, arguments, call_id: str | None = None) -> dict:

@@ -186,9 +186,7 @@ def _one_hidden_turn(scripted, client):
 
 def test_another_tenant_gets_no_restoration(scripted, tk):
     history = _one_hidden_turn(scripted, tk.client())
-    from openai import OpenAI
-
-    other = OpenAI(base_url=tk.base_url, api_key="sk-another-tenant", max_retries=0)
+    other = tk.client(api_key="sk-another-tenant")
     scripted.script({"content": "ok"})
     other.chat.completions.create(model="m", messages=history)
     upstream = scripted.bodies()[0]["messages"]
@@ -214,15 +212,13 @@ def test_a_store_miss_forwards_as_is_and_is_counted(scripted, tk):
 
 
 def test_a_retried_request_does_not_run_the_tool_twice(scripted, tk):
-    from openai import OpenAI
-
     scripted.script(
         {"tool_calls": [call("release", {"version": "5.0.0", "channel": "stable"}, "call_r1")]},
         {"status": 500, "body": {"error": {"message": "the model fell over", "type": "server_error"}}},
         {"tool_calls": [call("release", {"version": "5.0.0", "channel": "stable"}, "call_r1")]},
         {"content": "Released 5.0.0: {tool_result}"},
     )
-    client = OpenAI(base_url=tk.base_url, api_key="sk-test-agent", max_retries=2)
+    client = tk.client(max_retries=2)
     answer = client.chat.completions.create(model="m", messages=user())
     assert tk.calls() == [["release", "5.0.0", "--channel=stable"]]  # once, not twice
     assert answer.choices[0].message.content == 'Released 5.0.0: ran ["release", "5.0.0", "--channel=stable"]'

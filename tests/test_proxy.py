@@ -41,9 +41,9 @@ def test_api_key_env_replaces_the_agents_key(scripted, tmp_path):
         scripted.script({"content": "hi"})
         from openai import OpenAI
 
-        OpenAI(base_url=process.url, api_key="sk-agent", max_retries=0).chat.completions.create(
-            model="m", messages=user())
-        OpenAI(base_url=process.url, api_key="sk-agent", max_retries=0).models.list()
+        with OpenAI(base_url=process.url, api_key="sk-agent", max_retries=0) as client:
+            client.chat.completions.create(model="m", messages=user())
+            client.models.list()
     finally:
         log = process.stop()
     first, = scripted.requests()
@@ -120,8 +120,8 @@ def test_without_a_consent_channel_a_gated_tool_is_denied(scripted, gated):
     )
     from openai import OpenAI
 
-    answer = OpenAI(base_url=process.url, api_key="k", max_retries=0).chat.completions.create(
-        model="m", messages=user())
+    with OpenAI(base_url=process.url, api_key="k", max_retries=0) as client:
+        answer = client.chat.completions.create(model="m", messages=user())
     assert answer.choices[0].message.content == "I could not release it."
     calls = (directory / "calls.jsonl").read_text().splitlines()
     assert calls == ['["lookup", "fine"]']  # the silent tool ran, the gated one did not

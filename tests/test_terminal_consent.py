@@ -84,6 +84,7 @@ def ask(terminal, scripted, version: str, reply: str) -> tuple[str, str]:
         prompt = terminal.read_until("[y]es [n]o [a]lways")
         terminal.answer(reply)
     worker.join(20)
+    client.close()
     return prompt, answers[0]
 
 
