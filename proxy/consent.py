@@ -60,9 +60,8 @@ class TerminalConsent:
         async with self._lock:
             if request.tool in self.always:
                 return ConsentAnswer(True, "terminal", "always allowed earlier in this session")
-            self.stderr.write(f"\nAllow {request.summary()}? [y]es [n]o [a]lways ")
-            if request.argv:
-                self.stderr.write(f"\n  argv: {request.argv}\n> ")
+            argv = f"\n  argv: {request.argv}" if request.argv else ""
+            self.stderr.write(f"{argv}\nAllow {request.summary()}? [y]es [n]o [a]lways ")
             self.stderr.flush()
             loop = asyncio.get_running_loop()
             try:
