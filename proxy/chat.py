@@ -162,7 +162,7 @@ class StreamWriter:
                     keepalive = None
                 if isinstance(event, Visible):
                     self.head = self.head or _head(event.head, self.body)
-                    await self._write(self._chunk(event.delta))
+                    await self._write(b"".join(self._chunk(delta) for delta in event.deltas))
                 elif isinstance(event, TurnResult):
                     await self._finish(event)
         except UpstreamError as exc:

@@ -45,11 +45,13 @@ MAX_ROUNDS = 16
 class Visible:
     """Text the agent may read now (`content`, `reasoning_content`, ...).
 
-    `head` carries the id, created and model of the turn's first round, so an
-    adapter can stamp the first piece it sends with them.
+    One delta per upstream event, so what the agent receives does not depend
+    on how the network cut the stream; the deltas that arrived together are
+    handed over together, so an adapter can send them in one write. `head`
+    carries the id, created and model of the turn's first round.
     """
 
-    delta: dict[str, str]
+    deltas: tuple[dict[str, str], ...]
     head: dict[str, Any] | None = None
 
 
@@ -121,7 +123,7 @@ class _Turn:
         if self.text.get("content"):
             text = "\n\n" + text
         self.see({"content": text})
-        return Visible({"content": text}, self.head)
+        return Visible(({"content": text},), self.head)
 
 
 class Engine:
@@ -181,7 +183,8 @@ class Engine:
                 if isinstance(event, Round):
                     last = event
                 else:
-                    turn.see(event.delta)
+                    for delta in event.deltas:
+                        turn.see(delta)
                     yield event
             if last is None:
                 raise RuntimeError("the model adapter ended a round without a result")

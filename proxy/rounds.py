@@ -136,7 +136,7 @@ class StreamAssembler:
                 continue
             elif isinstance(value, str):
                 self.message[key] = self.message.get(key, "") + value
-                if key in VISIBLE_FIELDS:
+                if key in VISIBLE_FIELDS and value:  # an empty opening delta tells the agent nothing
                     visible[key] = value
             else:
                 self.message[key] = value

@@ -102,7 +102,7 @@ class UpstreamModel:
                     visible = {key: value for key, value in result.message.items()
                                if key in VISIBLE_FIELDS and isinstance(value, str) and value}
                     if visible:
-                        yield Visible(visible, result.head)
+                        yield Visible((visible,), result.head)
                     if streaming:
                         result.raw = None  # the agent gets SSE, not these bytes
                     yield result
@@ -125,27 +125,27 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
 
 
 async def _read_stream(response: aiohttp.ClientResponse) -> AsyncIterator[Visible | Round]:
-    """Parse SSE as it arrives; what one network read brings goes to the agent as one piece."""
+    """Parse SSE as it arrives; what one network read brings is handed on together."""
     assembler = StreamAssembler()
     pending = b""
     done = False
     async for data in response.content.iter_any():
         pending += data.replace(b"\r\n", b"\n") if b"\r" in data else data
         *events, pending = pending.split(b"\n\n")
-        visible: dict[str, str] = {}
+        visible: list[dict[str, str]] = []
         broken: UpstreamError | None = None
         try:
             for event in events:
                 done, seen = _dispatch(event, assembler)
                 if done:
                     break
-                for key, value in (seen or {}).items():
-                    visible[key] = visible.get(key, "") + value
+                if seen:
+                    visible.append(seen)
         except UpstreamError as exc:
             broken = exc
         # what came before a broken event is the agent's, whatever the network's timing
         if visible:
-            yield Visible(visible, assembler.head)
+            yield Visible(tuple(visible), assembler.head)
         if broken is not None:
             raise broken
         if done:
@@ -153,7 +153,7 @@ async def _read_stream(response: aiohttp.ClientResponse) -> AsyncIterator[Visibl
     if pending.strip() and not done:  # the last event, with no blank line after it
         done, seen = _dispatch(pending, assembler)
         if seen:
-            yield Visible(seen, assembler.head)
+            yield Visible((seen,), assembler.head)
     if not done and assembler.finish_reason is None:
         raise UpstreamError.ours(502, "the model server's stream ended before the response was complete",
                                  "upstream_incomplete")

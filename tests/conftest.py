@@ -258,3 +258,16 @@ _asked = itertools.count(1)
 def user() -> list[dict]:
     """A new question each time: identical requests within a minute are retries, and replay their calls."""
     return [{"role": "user", "content": f"Please do the thing (request {next(_asked)})."}]
+
+
+def check_every_call_answered(messages: list[dict]) -> None:
+    """A strict server's rule: each tool_call_id answered once, before the next non-tool message."""
+    pending: set[str] = set()
+    for m in messages:
+        if m["role"] == "tool":
+            assert m["tool_call_id"] in pending, f"a result for no pending call: {m}"
+            pending.remove(m["tool_call_id"])
+            continue
+        assert not pending, f"calls left unanswered before a {m['role']} message: {pending}"
+        pending = {c["id"] for c in m.get("tool_calls") or []}
+    assert not pending, f"calls left unanswered at the end: {pending}"

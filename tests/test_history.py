@@ -7,7 +7,7 @@ import json
 import urllib.request
 
 import pytest
-from conftest import call, user
+from conftest import call, check_every_call_answered, user
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
                                             "parameters": {"type": "object", "properties": {
@@ -24,19 +24,6 @@ def essence(messages: list[dict]) -> list[tuple]:
                       for c in m.get("tool_calls") or [])
         out.append((m["role"], m.get("content") or None, calls, m.get("tool_call_id")))
     return out
-
-
-def check_every_call_answered(messages: list[dict]) -> None:
-    """A strict server's rule: each tool_call_id answered once, before the next non-tool message."""
-    pending: set[str] = set()
-    for m in messages:
-        if m["role"] == "tool":
-            assert m["tool_call_id"] in pending, f"a result for no pending call: {m}"
-            pending.remove(m["tool_call_id"])
-            continue
-        assert not pending, f"calls left unanswered before a {m['role']} message: {pending}"
-        pending = {c["id"] for c in m.get("tool_calls") or []}
-    assert not pending, f"calls left unanswered at the end: {pending}"
 
 
 def agent_message(message) -> dict:

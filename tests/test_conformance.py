@@ -1,0 +1,63 @@
+"""Protocol conformance: golden transcripts for OpenAI, vLLM, llama.cpp and Ollama shapes.
+
+For each plain, declared-only, mixed and multi-round turn: the exact SSE bytes
+the agent receives, every request sent upstream, and the exact upstream
+history of the next turn. Re-record with `python tests/conformance/record.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import check_every_call_answered, start_toolkeeper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "conformance"))
+from cases import WEATHER, cases, golden_path, reassemble, run_case, sse_chunks
+
+
+@pytest.fixture(scope="module")
+def conformance_tk(scripted, agent_dir):
+    process = start_toolkeeper(agent_dir / "agent.yaml", scripted.base_url, "--keepalive", "60",
+                               "--store", ":memory:")
+    yield process
+    process.stop()
+
+
+@pytest.mark.parametrize(("shape", "kind"), cases(), ids=[f"{s}-{k}" for s, k in cases()])
+def test_transcript_matches_the_golden_one(scripted, conformance_tk, shape, kind):
+    golden = json.loads(golden_path(shape, kind).read_text())
+    transcript = json.loads(json.dumps(run_case(shape, kind, conformance_tk.url, scripted)))
+
+    assert transcript["turn1"]["agent_sse"] == golden["turn1"]["agent_sse"]  # byte for byte
+    assert transcript["turn1"]["upstream"] == golden["turn1"]["upstream"]
+    assert transcript["turn2"]["upstream_messages"] == golden["turn2"]["upstream_messages"]
+
+    sse = golden["turn1"]["agent_sse"]
+    chunks = sse_chunks(sse.encode())
+    # nothing of a declared call reaches the agent
+    assert '"lookup"' not in sse and "call_l1" not in sse and "call_a1" not in sse
+    assert sse.count("data: [DONE]") == 1 and sse.endswith("data: [DONE]\n\n")
+    assert len({c["id"] for c in chunks}) == 1
+    assert sum(1 for c in chunks if c["choices"] and "role" in c["choices"][0]["delta"]) == 1
+    assert sum(1 for c in chunks if c.get("usage")) == 1
+    # the real client reassembles it
+    message = reassemble(chunks)
+    assert message == golden["turn1"]["agent_message"]
+    if kind == "mixed":
+        assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather"]
+        assert message["tool_calls"][0]["index"] == 0
+    else:
+        assert "tool_calls" not in message
+    # and a strict server accepts the history the model gets next
+    check_every_call_answered(golden["turn2"]["upstream_messages"])
+    for body in golden["turn1"]["upstream"]:
+        check_every_call_answered(body["messages"])
+        assert body["tools"][0] == WEATHER
+
+
+def test_every_golden_file_is_a_case():
+    expected = {golden_path(shape, kind).name for shape, kind in cases()}
+    assert {p.name for p in golden_path("x", "y").parent.glob("*.json")} == expected
