@@ -182,12 +182,16 @@ class StreamWriter:
             await asyncio.sleep(self.keepalive)
             await self._write(KEEPALIVE)
 
-    async def _write(self, data: bytes) -> None:
+    async def _prepared(self) -> web.StreamResponse:
         if self.response is None:
             self.response = web.StreamResponse(headers={
                 "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         await self.response.prepare(self.request)  # returns at once once prepared
-        await self.response.write(data)
+        return self.response
+
+    async def _write(self, data: bytes) -> None:
+        response = await self._prepared()
+        await response.write(data)
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         if not self.role_sent:
@@ -220,13 +224,12 @@ class StreamWriter:
                      "model": self.head["model"], "choices": [], "usage": result.usage}
             parts.append(b"data: " + orjson.dumps(usage) + b"\n\n")
         parts.append(DONE)
-        await self._write(b"".join(parts))
-        if self.response is not None:
-            await self.response.write_eof()
+        # the end of the answer and the end of the body in one send: one wake-up less for the agent
+        response = await self._prepared()
+        await response.write_eof(b"".join(parts))
 
     async def _fail(self, error: UpstreamError) -> web.StreamResponse:
         if self.response is None:
             return web.Response(status=error.status, body=error.body, headers={"Content-Type": error.content_type})
-        await self.response.write(b"data: " + orjson.dumps({"error": error.error_object()}) + b"\n\n")
-        await self.response.write_eof()
+        await self.response.write_eof(b"data: " + orjson.dumps({"error": error.error_object()}) + b"\n\n")
         return self.response

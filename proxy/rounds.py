@@ -110,6 +110,7 @@ class StreamAssembler:
     def __init__(self) -> None:
         self.head: dict[str, Any] = {}
         self.message: dict[str, Any] = {}
+        self._text: dict[str, list[str]] = {}  # string fields in pieces, joined once at the end
         self.calls: list[_PartialCall] = []
         self._by_index: dict[Any, _PartialCall] = {}
         self.finish_reason: str | None = None
@@ -127,6 +128,12 @@ class StreamAssembler:
         if choice.get("finish_reason"):
             self.finish_reason = choice["finish_reason"]
         delta = choice.get("delta") or {}
+        text = delta.get("content")
+        if len(delta) == 1 and isinstance(text, str):  # most events of a stream: one piece of text
+            if not text:
+                return None
+            self._text.setdefault("content", []).append(text)
+            return {"content": text}
         visible = {}
         for key, value in delta.items():
             if key == "tool_calls":
@@ -135,7 +142,7 @@ class StreamAssembler:
             elif key == "role" or value is None:
                 continue
             elif isinstance(value, str):
-                self.message[key] = self.message.get(key, "") + value
+                self._text.setdefault(key, []).append(value)
                 if key in VISIBLE_FIELDS and value:  # an empty opening delta tells the agent nothing
                     visible[key] = value
             else:
@@ -173,6 +180,8 @@ class StreamAssembler:
                 current.extra[key] = value
 
     def finish(self) -> Round:
+        for key, pieces in self._text.items():
+            self.message[key] = "".join(pieces)
         calls = [ToolCall(c.id, c.name, c.obj if c.obj is not None else c.text, c.extra) for c in self.calls]
         normalized = any(c.obj is not None for c in self.calls)
         normalized |= _fix_ids(calls, self.head.get("id"))
