@@ -6,6 +6,7 @@ the scripted model server is the only stand-in (no model runs here).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -229,20 +230,33 @@ def start_toolkeeper(agent_file: Path, upstream: str, *extra: str, env: dict[str
                     "--log-level", "WARNING", *extra], "toolkeeper listening on", env=env)
 
 
+@contextlib.contextmanager
+def serving(scripted, directory: Path, *args: str):
+    """A toolkeeper process on directory/agent.yaml, in front of the scripted model."""
+    process = start_toolkeeper(directory / "agent.yaml", scripted.base_url, *args)
+    try:
+        yield Toolkeeper(process, directory)
+    finally:
+        process.stop()
+
+
+def fresh(toolkeeper: Toolkeeper):
+    """A module's toolkeeper for one test: earlier calls cleared before, clients closed after."""
+    toolkeeper.reset()
+    yield toolkeeper
+    toolkeeper.close_clients()
+
+
 @pytest.fixture(scope="module")
 def toolkeeper(scripted, agent_dir):
-    process = start_toolkeeper(agent_dir / "agent.yaml", scripted.base_url, "--read-timeout", "2",
-                               "--keepalive", "0.2")
-    yield Toolkeeper(process, agent_dir)
-    process.stop()
+    with serving(scripted, agent_dir, "--read-timeout", "2", "--keepalive", "0.2") as running:
+        yield running
 
 
 @pytest.fixture
 def tk(toolkeeper):
     """The module's toolkeeper, with the record of earlier calls cleared."""
-    toolkeeper.reset()
-    yield toolkeeper
-    toolkeeper.close_clients()
+    yield from fresh(toolkeeper)
 
 
 def call(name: str, arguments, call_id: str | None = None) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import Toolkeeper, call, start_toolkeeper, user, write_agent
+from conftest import call, fresh, serving, user, write_agent
 
 AGENT = """
     upstream: http://127.0.0.1:9/v1
@@ -37,15 +37,13 @@ AGENT = """
 def tk_discover(scripted, tmp_path_factory):
     directory = tmp_path_factory.mktemp("discover")
     write_agent(directory, AGENT)
-    process = start_toolkeeper(directory / "agent.yaml", scripted.base_url)
-    yield Toolkeeper(process, directory)
-    process.stop()
+    with serving(scripted, directory) as running:
+        yield running
 
 
 @pytest.fixture
 def tkd(tk_discover):
-    tk_discover.reset()
-    return tk_discover
+    yield from fresh(tk_discover)
 
 
 def names(body: dict) -> list[str]:
