@@ -183,13 +183,22 @@ class AgentFile(_Strict):
         return value.rstrip("/")
 
 
+class MountedDir:
+    def __init__(self, path: Path, writable: bool):
+        self.path = path
+        self.writable = writable
+
+
 class DeclaredTool:
     """A loaded tool: its declaration plus everything derived from it at load."""
 
-    def __init__(self, spec: Tool, template: CommandTemplate, workdir: Path):
+    def __init__(self, spec: Tool, template: CommandTemplate, workdir: Path, wasm_path: Path | None = None,
+                 mounts: dict[str, MountedDir] | None = None):
         self.spec = spec
         self.template = template
         self.workdir = workdir
+        self.wasm_path = wasm_path
+        self.mounts = mounts or {}
 
     @property
     def name(self) -> str:
@@ -250,8 +259,10 @@ def load_agent_file(path: str | os.PathLike[str], *, upstream: str | None = None
 
 
 def _compile_tool(path: Path, tool: Tool, where: str) -> DeclaredTool:
-    if tool.wasm:
-        raise AgentFileError(f"{where}: key 'wasm': wasm tools are not supported yet")
+    if not tool.wasm:
+        for key in ("memory", "fuel", "mounts"):
+            if getattr(tool, key):
+                raise AgentFileError(f"{where}: key {key!r}: applies to wasm tools only")
     if not tool.command:
         raise AgentFileError(f"{where}: key 'command': a tool needs a command (a list, one argv entry per element)")
     for name, param in tool.parameters.items():
@@ -261,6 +272,8 @@ def _compile_tool(path: Path, tool: Tool, where: str) -> DeclaredTool:
         template = CommandTemplate.parse(tool.command, tool.parameters)
     except TemplateError as exc:
         raise AgentFileError(f"{where}: key 'command': {exc}") from None
+    if tool.wasm:
+        return _compile_wasm_tool(path, tool, template, where)
     _refuse_shell_with_placeholders(template, where)
 
     workdir = (path.parent / tool.workdir).resolve() if tool.workdir else path.parent
@@ -275,6 +288,30 @@ def _compile_tool(path: Path, tool: Tool, where: str) -> DeclaredTool:
         raise AgentFileError(
             f"{where}: key 'command': {program} is not found on the tool's PATH ({minimal_path(tool)})")
     return DeclaredTool(tool, template, workdir)
+
+
+def _compile_wasm_tool(path: Path, tool: Tool, template: CommandTemplate, where: str) -> DeclaredTool:
+    if tool.workdir:
+        raise AgentFileError(f"{where}: key 'workdir': a wasm tool has no working directory; give it `mounts:`")
+    module = (path.parent / tool.wasm).resolve()
+    if not module.is_file():
+        raise AgentFileError(f"{where}: key 'wasm': {module} is not a file")
+    mounts = {}
+    for guest, mount in tool.mounts.items():
+        if not guest.startswith("/") or ".." in guest.split("/"):
+            raise AgentFileError(f"{where}: key 'mounts.{guest}': the path the module sees must be absolute, "
+                                 "like /data")
+        host = (path.parent / mount.path).resolve()
+        if not host.is_dir():
+            raise AgentFileError(f"{where}: key 'mounts.{guest}.path': {host} is not a directory")
+        mounts[guest] = MountedDir(host, mount.writable)
+    from proxy.wasm import WasmModuleError, shared_runner
+
+    try:
+        shared_runner().module(module)  # compiled now, and kept for the calls
+    except WasmModuleError as exc:
+        raise AgentFileError(f"{where}: key 'wasm': {exc}") from None
+    return DeclaredTool(tool, template, path.parent, wasm_path=module, mounts=mounts)
 
 
 def _refuse_shell_with_placeholders(template: CommandTemplate, where: str) -> None:

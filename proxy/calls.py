@@ -15,7 +15,7 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,9 +59,9 @@ class Outcome:
 
 
 class DeclaredCalls:
-    def __init__(self, *, runner: Runner, consent: Consent, policy: TierPolicy, store: Store | None = None,
-                 observers: Iterable[Observer] = (), retry_window: float = RETRY_WINDOW):
-        self.runner = runner
+    def __init__(self, *, runners: Mapping[str, Runner], consent: Consent, policy: TierPolicy,
+                 store: Store | None = None, observers: Iterable[Observer] = (), retry_window: float = RETRY_WINDOW):
+        self.runners = runners  # by the tool's runner: "argv", "wasm"
         self.consent = consent
         self.policy = policy
         self.store = store
@@ -145,7 +145,7 @@ class DeclaredCalls:
         if memo_key:
             self._running[memo_key] = running
         try:
-            result = await self.runner.run(tool, argv, checked.values)
+            result = await self.runners[spec.runner].run(tool, argv, checked.values)
         except BaseException:
             running.cancel()
             raise
@@ -153,6 +153,7 @@ class DeclaredCalls:
             self._running.pop(memo_key, None)
         record.status = "ok" if result.status == "ok" else ("timeout" if result.status == "timeout" else "failed")
         record.exit_code = result.exit_code
+        record.trap = result.trap
         record.duration_ms = round(result.duration * 1000, 3)
         record.output_bytes = result.stdout.total
         record.output_sha256 = ExecutionRecord.digest(result.stdout.bytes())

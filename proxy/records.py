@@ -33,6 +33,7 @@ class ExecutionRecord(BaseModel):
     approver: str | None = None
     status: CallStatus
     exit_code: int | None = None
+    trap: str | None = None  # why a wasm module was stopped, in words
     duration_ms: float = 0.0
     output_bytes: int = 0
     output_sha256: str | None = None

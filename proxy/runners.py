@@ -69,18 +69,23 @@ class RunResult:
     stderr: OutputBuffer
     duration: float
     detail: str = ""
+    subject: str = "command"  # or "module": what ran, in the model's words
+    trap: str | None = None  # why a module was stopped, in words
 
     def answer(self) -> str:
         """The tool result the model reads."""
         out = self.stdout.text()
         if self.status == "ok":
-            return out if out.strip() else "(the command succeeded and printed nothing)"
+            return out if out.strip() else f"(the {self.subject} succeeded and printed nothing)"
         if self.status == "timeout":
-            head = f"The command timed out after {self.detail} and was stopped (its whole process group killed)."
+            killed = " (its whole process group killed)" if self.subject == "command" else ""
+            head = f"The {self.subject} timed out after {self.detail} and was stopped{killed}."
         elif self.status == "error":
-            head = f"The command could not be started: {self.detail}"
+            head = f"The {self.subject} could not be started: {self.detail}"
+        elif self.trap:
+            head = f"The {self.subject} was stopped: {self.trap}."
         else:
-            head = f"The command failed with exit status {self.exit_code}."
+            head = f"The {self.subject} failed with exit status {self.exit_code}."
         parts = [head]
         if out.strip():
             parts.append("stdout:\n" + out)

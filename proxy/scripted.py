@@ -14,6 +14,9 @@ A step of the script:
     {"hang": true}                        never answers
     {"raw": "text", "content_type": "..."} these exact bytes
 
+Any step may carry `"when": "text"`: it then answers only a request whose last
+user message contains that text (for concurrent conversations).
+
 In `content`, `{tool_result}` is replaced by the last tool message the request
 carried, so a scripted answer can quote what a tool printed.
 
@@ -56,6 +59,17 @@ class ScriptedModel:
         app.router.add_get("/_requests", self.get_requests)
         return app
 
+    def _next_step(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The first step for this request: steps with `when` answer only requests whose last
+        user message contains it, so concurrent conversations each get their own script."""
+        asked = next((str(m.get("content")) for m in reversed(body.get("messages") or [])
+                      if isinstance(m, dict) and m.get("role") == "user"), "")
+        for position, step in enumerate(self.steps):
+            if step.get("when") is None or step["when"] in asked:
+                return step if step.get("repeat") else self.steps.pop(position)
+        return {"status": 500, "body": {"error": {"message": "no scripted response fits this request",
+                                                  "type": "server_error"}}}
+
     # -- control -------------------------------------------------------------
 
     async def set_script(self, request: web.Request) -> web.Response:
@@ -85,7 +99,7 @@ class ScriptedModel:
         if not self.steps:
             return web.json_response({"error": {"message": "the scripted model has no more responses",
                                                 "type": "server_error", "code": None}}, status=500)
-        step = self.steps[0] if self.steps[0].get("repeat") else self.steps.pop(0)
+        step = self._next_step(body)
         if step.get("delay"):
             await asyncio.sleep(step["delay"])
         if step.get("hang"):

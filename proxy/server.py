@@ -22,13 +22,14 @@ from proxy.engine import Engine
 from proxy.history import DEFAULT_TTL, History
 from proxy.policy import TierPolicy
 from proxy.records import Observer
-from proxy.runners import ArgvRunner
+from proxy.runners import ArgvRunner, Runner
 from proxy.store import SQLiteStore
 from proxy.upstream import HOP_BY_HOP, Upstream, UpstreamError, forward_headers
 
 log = logging.getLogger("toolkeeper")
 
 UPSTREAM_KEY = web.AppKey("upstream", Upstream)
+CHAT_KEY = web.AppKey("chat", ChatCompletions)
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 # Agents send whole conversations; the default 1 MiB would refuse long ones.
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
@@ -51,8 +52,13 @@ def build_app(
 ) -> web.Application:
     store = SQLiteStore(store_path or default_store_path(agent))
     history = History(store, history_ttl)
+    runners: dict[str, Runner] = {"argv": ArgvRunner()}
+    if any(tool.spec.runner == "wasm" for tool in agent.tools.values()):
+        from proxy.wasm import shared_runner  # wasmtime loads only for agents that use it
+
+        runners["wasm"] = shared_runner()
     calls = DeclaredCalls(
-        runner=ArgvRunner(),
+        runners=runners,
         consent=consent or default_consent(),
         policy=TierPolicy(agent.config.yolo if yolo is None else yolo),
         store=store,
@@ -69,14 +75,14 @@ def build_app(
         async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
             upstream = Upstream(agent.config.upstream, session, api_key=api_key, read_timeout=read_timeout)
             app[UPSTREAM_KEY] = upstream
-            app["chat"] = ChatCompletions(engine, upstream, keepalive=keepalive)
+            app[CHAT_KEY] = ChatCompletions(engine, upstream, keepalive=keepalive)
             yield
         store.close()
 
     app.cleanup_ctx.append(upstream_session)
 
     async def chat(request: web.Request) -> web.StreamResponse:
-        return await request.app["chat"].handle(request)
+        return await request.app[CHAT_KEY].handle(request)
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "tools": sorted(agent.tools)})

@@ -66,7 +66,7 @@ def test_bad_yaml(tmp_path):
      "tool 'greet': key 'description'"),
     (GOOD_TOOL + "        workdir: nowhere\n", "tool 'greet': key 'workdir'"),
     (GOOD_TOOL + GOOD_TOOL, "tool 'greet': key 'name': declared twice"),
-    (GOOD_TOOL.replace("command:", "wasm: tool.wasm\n        command:"), "key 'wasm': wasm tools are not supported yet"),
+    (GOOD_TOOL.replace("command:", "wasm: tool.wasm\n        command:"), "key 'wasm': "),
     (GOOD_TOOL.replace('{type: string, description: "Who to greet."}', '{type: array, description: "Who."}')
      .replace('"hello", "{{who}}"', '"hello={{who}}"'), "the array {{who}} must be a whole entry"),
     (GOOD_TOOL.replace('{type: string, description: "Who to greet."}', '{type: object, description: "Who."}'),
