@@ -60,25 +60,33 @@ def _sse(deltas: list[dict], finish: str) -> bytes:
     return b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
 
-CALL = {"id": "call_bench1", "type": "function", "function": {"name": "noop", "arguments": "{}"}}
+def _call(name: str, arguments: str) -> tuple[bytes, bytes]:
+    """A response calling one tool: whole, and streamed."""
+    entry = {"id": "call_bench1", "type": "function", "function": {"name": name, "arguments": arguments}}
+    whole = _whole({"role": "assistant", "content": None, "tool_calls": [entry]})
+    streamed = _sse([{"role": "assistant", "content": None},
+                     {"tool_calls": [{"index": 0, **entry, "function": {"name": name, "arguments": ""}}]},
+                     {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}], "tool_calls")
+    return whole, streamed
+
+
 ANSWER_WHOLE = _whole({"role": "assistant", "content": TEXT})
-CALL_WHOLE = _whole({"role": "assistant", "content": None, "tool_calls": [CALL]})
 ANSWER_SSE = _sse([{"role": "assistant", "content": ""}] + [{"content": w + " "} for w in TEXT.split()], "stop")
-CALL_SSE = _sse([{"role": "assistant", "content": None},
-                 {"tool_calls": [{"index": 0, **CALL, "function": {"name": "noop", "arguments": ""}}]},
-                 {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}], "tool_calls")
+# A request whose last user message starts with one of these words makes the mock call that tool.
+CALLS = {"call": _call("noop", "{}"), "wasm": _call("word_count", '{"text": "the quick brown fox"}'),
+         "argv": _call("word_count_argv", '{"text": "the quick brown fox"}')}
 
 
 async def mock_chat(request: web.Request) -> web.StreamResponse:
     body = orjson.loads(await request.read())
-    wants_call = (any(t.get("function", {}).get("name") == "noop" for t in body.get("tools") or [])
-                  and body["messages"][-1]["role"] != "tool"
-                  and str(body["messages"][-1].get("content")).startswith("call"))
+    last = body["messages"][-1]
+    wanted = CALLS.get(str(last.get("content")).split(" ", 1)[0]) if last["role"] == "user" else None
+    whole, streamed = wanted or (ANSWER_WHOLE, ANSWER_SSE)
     if not body.get("stream"):
-        return web.Response(body=CALL_WHOLE if wants_call else ANSWER_WHOLE, content_type="application/json")
+        return web.Response(body=whole, content_type="application/json")
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    await response.write(CALL_SSE if wants_call else ANSWER_SSE)
+    await response.write(streamed)
     await response.write_eof()
     return response
 
