@@ -7,9 +7,9 @@ tests use it; it runs in-process or as `python -m proxy.scripted`.
 
 A step of the script:
 
-    {"content": "text", "tool_calls": [{"name": "release", "arguments": {...}}],
+    {"content": "text", "tool_calls": [{"name": "release", "arguments": {...}, "extra": {...}}],
      "finish_reason": "tool_calls", "usage": {...}, "reasoning_content": "...",
-     "quirks": ["no_ids", ...], "delay": 0.1, "repeat": false}
+     "message_extra": {...}, "quirks": ["no_ids", ...], "delay": 0.1, "repeat": false}
     {"status": 500, "body": {...}}        an error answer
     {"hang": true}                        never answers
     {"raw": "text", "content_type": "..."} these exact bytes
@@ -140,7 +140,8 @@ class _Response:
                 call_id = position
             else:
                 call_id = call.get("id", f"call_{response_id[-6:]}{position}")
-            self.calls.append({"id": call_id, "name": call["name"], "arguments": arguments})
+            self.calls.append({"id": call_id, "name": call["name"], "arguments": arguments,
+                               "extra": call.get("extra") or {}})
         default_finish = "tool_calls" if self.calls and "stop_with_tools" not in quirks else "stop"
         self.finish_reason = step.get("finish_reason", default_finish)
         self.usage = step.get("usage") or {
@@ -155,12 +156,14 @@ class _Response:
             entry["id"] = call["id"]
         entry["type"] = "function"
         entry["function"] = {"name": call["name"], "arguments": call["arguments"]}
+        entry.update(call.get("extra") or {})  # fields some servers add, like Gemini's extra_content
         return entry
 
     def whole(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.step.get("reasoning_content"):
             message["reasoning_content"] = self.step["reasoning_content"]
+        message.update(self.step.get("message_extra") or {})
         if self.calls:
             message["tool_calls"] = [self._call_entry(call, None) for call in self.calls]
             for entry in message["tool_calls"]:
@@ -190,7 +193,7 @@ class _Response:
         if "azure_empty_first" in self.quirks:
             events.append({"choices": [], "created": 0, "id": "", "model": "", "object": "",
                            "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": {}}]})
-        events.append(self._chunk({"role": "assistant", "content": ""}))
+        events.append(self._chunk({"role": "assistant", "content": "", **(self.step.get("message_extra") or {})}))
         if self.step.get("reasoning_content"):
             for piece in _pieces(self.step["reasoning_content"], 8):
                 events.append(self._chunk({"reasoning_content": piece}))

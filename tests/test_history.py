@@ -232,3 +232,22 @@ def test_parallel_tool_calls_dropped_when_no_tool_is_left(scripted, tk):
     tk.client().chat.completions.create(model="m", messages=user(), tool_choice="none", parallel_tool_calls=True)
     body = scripted.bodies()[0]
     assert "tools" not in body and "parallel_tool_calls" not in body
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_fields_the_server_needs_back_are_kept_verbatim(scripted, tk, stream):
+    signature = {"google": {"thought_signature": "c2lnbmF0dXJl"}}
+    scripted.script(
+        {"tool_calls": [{**call("lookup", {"word": "x"}, "call_sig"), "extra": {"extra_content": signature}}],
+         "reasoning_content": "thinking...", "message_extra": {"provider_field": {"kept": True}}},
+        {"content": "done"},
+    )
+    client = tk.client()
+    if stream:
+        reassembled(client, model="m", messages=user())
+    else:
+        client.chat.completions.create(model="m", messages=user())
+    hidden = scripted.bodies()[1]["messages"][1]
+    assert hidden["tool_calls"][0]["extra_content"] == signature
+    assert hidden["reasoning_content"] == "thinking..."
+    assert hidden["provider_field"] == {"kept": True}
