@@ -353,7 +353,7 @@ def _describe_validation_error(path: Path, raw: dict, exc: ValidationError) -> s
             where += f": tool {name!r}" if name else f": tool #{loc[1] + 1}"
             loc = loc[2:]
         key = ".".join(str(part) for part in loc if not str(part).startswith("function-"))
-        message = error["msg"]
+        message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             message = "unknown key"
         elif error["type"] == "missing":

@@ -24,7 +24,7 @@ import orjson
 from proxy.agentfile import DeclaredTool
 from proxy.arguments import check_arguments, invalid_call_answer, parse_arguments
 from proxy.consent import Consent, ConsentRequest
-from proxy.policy import Decision, TierPolicy
+from proxy.policy import Decision, Policy, policy_input
 from proxy.records import CallStatus, ExecutionRecord, Observer
 from proxy.rounds import ToolCall
 from proxy.runners import Runner
@@ -49,6 +49,7 @@ class CallContext:
     request_id: str = ""
     agent: str = ""  # short hash of the credentials, for records and logs
     request_key: str = ""  # hash of the credentials and the exact request body: a retry has the same
+    agent_header: str | None = None  # the identity header the deployment sets, if it names one
     seen: Counter[str] = field(default_factory=Counter)
 
 
@@ -59,7 +60,7 @@ class Outcome:
 
 
 class DeclaredCalls:
-    def __init__(self, *, runners: Mapping[str, Runner], consent: Consent, policy: TierPolicy,
+    def __init__(self, *, runners: Mapping[str, Runner], consent: Consent, policy: Policy,
                  store: Store | None = None, observers: Iterable[Observer] = (), retry_window: float = RETRY_WINDOW):
         self.runners = runners  # by the tool's runner: "argv", "wasm"
         self.consent = consent
@@ -129,7 +130,12 @@ class DeclaredCalls:
             record.answer, record.status = replayed
             return Outcome(replayed[0])
 
-        decision = self.policy.decide(tool)
+        document = policy_input(tool, checked.values, argv, agent_id=context.agent,
+                                agent_header=context.agent_header, request_id=context.request_id,
+                                yolo=self.policy.yolo, interactive=getattr(self.consent, "can_ask", False))
+        decision = self.policy.decide(document)
+        record.policy_input = document
+        record.decision_rule, record.policy_revision = decision.rule_id, decision.revision
         if decision.effect == "ask":
             decision = await self._ask(tool, checked.values, argv, record)
         record.decision, record.decision_source, record.decision_reason = (

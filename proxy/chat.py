@@ -57,10 +57,12 @@ def check_request(body: Any) -> str | None:
 
 
 class ChatCompletions:
-    def __init__(self, engine: Engine, upstream: Upstream, *, keepalive: float = 5.0):
+    def __init__(self, engine: Engine, upstream: Upstream, *, keepalive: float = 5.0,
+                 identity_header: str | None = None):
         self.engine = engine
         self.upstream = upstream
         self.keepalive = keepalive
+        self.identity_header = identity_header  # set by the deployment, read by policies
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
@@ -80,6 +82,7 @@ class ChatCompletions:
             agent=tenant[:16],
             tenant=tenant,
             request_key=hashlib.sha256(tenant.encode() + b"\x00" + raw).hexdigest(),
+            agent_header=request.headers.get(self.identity_header) if self.identity_header else None,
         )
         events = self.engine.run(body, self.upstream.model(request.headers), context)
         if body.get("stream"):

@@ -7,10 +7,12 @@ import asyncio
 import logging
 import signal
 import sys
+from datetime import datetime
 
 from aiohttp import web
 
 from proxy.agentfile import AgentFileError, load_agent_file
+from proxy.rules import RulesError, default_rules_path, load_rules
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8787
@@ -34,30 +36,64 @@ def main(argv: list[str] | None = None) -> int:
                        "(default: toolkeeper.sqlite3 next to the agent file)")
     serve.add_argument("--history-ttl", type=float, default=24 * 3600,
                        help="seconds a hidden exchange is kept for the agent's next request (default 86400)")
+    serve.add_argument("--policy", help="the security team's rules (YAML); default: the shipped "
+                       "policies/default.yaml; `none` for no rules")
+    serve.add_argument("--identity-header", help="a request header the deployment sets to name the agent; "
+                       "policies read it as agent.header")
     serve.add_argument("--log-level", default="INFO")
 
     commands.add_parser("demo", help="run the example agent file against a built-in offline model")
+
+    policy = commands.add_parser("policy", help="test the security team's rules before they ship")
+    policy_commands = policy.add_subparsers(dest="policy_command", required=True)
+    test = policy_commands.add_parser("test", help="run a scenario file: each call and the decision it expects")
+    test.add_argument("scenarios")
+    explain = policy_commands.add_parser("explain", help="show one call's policy input and the rule that decides")
+    explain.add_argument("agent_file")
+    explain.add_argument("tool")
+    explain.add_argument("arguments", nargs="*", help="key=value, as the model would send them")
+    explain.add_argument("--policy", help="the rules file (default: the shipped default; `none`: no rules)")
+    explain.add_argument("--yolo", action=argparse.BooleanOptionalAction, default=None)
+    explain.add_argument("--at", type=datetime.fromisoformat, help="the time of the call (ISO 8601)")
+    explain.add_argument("--agent-id", default="")
+    explain.add_argument("--agent-header")
 
     args = parser.parse_args(argv)
     if args.command == "demo":
         from proxy.demo import run_demo
 
         return asyncio.run(run_demo())
+    if args.command == "policy":
+        return _policy(args)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         agent = load_agent_file(args.agent_file, upstream=args.upstream)
-    except AgentFileError as exc:
+        rules = None if args.policy == "none" else load_rules(args.policy or default_rules_path())
+    except (AgentFileError, RulesError) as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(_serve(agent, args))
+    return asyncio.run(_serve(agent, rules, args))
 
 
-async def _serve(agent, args) -> int:
+def _policy(args: argparse.Namespace) -> int:
+    from proxy.policycheck import explain, run_tests
+
+    try:
+        if args.policy_command == "test":
+            return run_tests(args.scenarios)
+        return explain(args.agent_file, args.tool, args.arguments, policy=args.policy, yolo=args.yolo, at=args.at,
+                       agent_id=args.agent_id, agent_header=args.agent_header)
+    except (AgentFileError, RulesError) as exc:
+        print(f"toolkeeper: {exc}", file=sys.stderr)
+        return 2
+
+
+async def _serve(agent, rules, args) -> int:
     from proxy.server import build_app
 
     app = build_app(agent, read_timeout=args.read_timeout, keepalive=args.keepalive, store_path=args.store,
-                    history_ttl=args.history_ttl)
+                    history_ttl=args.history_ttl, rules=rules, identity_header=args.identity_header)
     # handler_cancellation: an agent that disconnects cancels its turn, and with
     # it the running tool (its process group is killed).
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -70,8 +106,10 @@ async def _serve(agent, args) -> int:
         await runner.cleanup()
         return 1
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    policy = f"rules {rules.path.name} @{rules.revision}" if rules else "no rules"
     print(f"toolkeeper listening on http://{args.host}:{port}/v1 "
-          f"({len(agent.tools)} declared tools from {agent.path}, upstream {agent.config.upstream})", flush=True)
+          f"({len(agent.tools)} declared tools from {agent.path}, upstream {agent.config.upstream}, {policy})",
+          flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

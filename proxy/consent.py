@@ -34,11 +34,15 @@ class ConsentAnswer:
 
 
 class Consent(Protocol):
+    can_ask: bool  # someone can answer: the policy input's `mode.interactive`
+
     async def ask(self, request: ConsentRequest) -> ConsentAnswer: ...
 
 
 class NoConsent:
     """No one to ask: every ask is a deny."""
+
+    can_ask = False
 
     async def ask(self, request: ConsentRequest) -> ConsentAnswer:
         return ConsentAnswer(False, "none", "no consent channel: toolkeeper runs without a terminal and yolo is false")
@@ -46,6 +50,8 @@ class NoConsent:
 
 class TerminalConsent:
     """Asks on the terminal toolkeeper runs in, one question at a time."""
+
+    can_ask = True
 
     def __init__(self, stdin: TextIO = sys.stdin, stderr: TextIO = sys.stderr, timeout: float = 300):
         self.stdin = stdin

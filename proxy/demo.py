@@ -16,6 +16,7 @@ from aiohttp import web
 from proxy.agentfile import load_agent_file
 from proxy.consent import ConsentAnswer, ConsentRequest
 from proxy.records import ExecutionRecord
+from proxy.rules import default_rules_path, load_rules
 from proxy.scripted import ScriptedModel, serve
 from proxy.server import build_app
 
@@ -39,6 +40,8 @@ def example_agent_file() -> Path:
 class DemoConsent:
     """The example file says `yolo: false`, so release asks; the demo answers yes for you."""
 
+    can_ask = True
+
     def __init__(self) -> None:
         self.asked: list[str] = []
 
@@ -59,7 +62,8 @@ async def run_demo() -> int:
     agent = load_agent_file(example_agent_file(), upstream=f"http://127.0.0.1:{model_port}/v1")
     records: list[ExecutionRecord] = []
     consent = DemoConsent()
-    app = build_app(agent, consent=consent, observers=[records.append], store_path=":memory:")
+    app = build_app(agent, consent=consent, observers=[records.append], store_path=":memory:",
+                    rules=load_rules(default_rules_path()))
     proxy_runner = web.AppRunner(app,
                                  handler_cancellation=True, access_log=None)
     await proxy_runner.setup()

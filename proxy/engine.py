@@ -101,6 +101,7 @@ class TurnContext:
     agent: str = ""  # a short hash of the credentials: for records and logs
     tenant: str = ""  # the full hash of the credentials: whose stored history this is
     request_key: str = ""  # the credentials and the exact body: a retried request has the same
+    agent_header: str | None = None  # the identity header the deployment sets, if it names one
 
 
 @dataclass
@@ -160,7 +161,7 @@ class Engine:
         agent_messages = list(request.get("messages") or [])
         messages = self.history.restore(context.tenant, agent_messages) if self.history else agent_messages
         agent_tools = list(request.get("tools") or [])
-        turn = _Turn(CallContext(context.request_id, context.agent, context.request_key))
+        turn = _Turn(CallContext(context.request_id, context.agent, context.request_key, context.agent_header))
         searchable = {name for name, tool in active.items() if tool.spec.visibility == "discoverable"}
         can_search = bool(searchable) and SEARCH_TOOL not in {_tool_name(t) for t in agent_tools}
         # found in an earlier turn (the model called it), or no way to search: offered like an inline tool

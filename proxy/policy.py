@@ -1,43 +1,86 @@
 """One decision per declared call: allow, deny (with a reason the model reads) or ask.
 
-For now the sources are the tool's tier and the agent file's `yolo`; the
-security team's rules (YAML, or Rego through OPA) join them here, combined so
-that the most restrictive wins (deny > ask > allow).
+Sources, the most restrictive wins (deny > ask > allow), so no source can
+loosen another:
+
+- the security team's rules (proxy/rules.py), when one matches;
+- yolo and the tiers: a silent tool never asks; a gated one asks unless
+  `yolo: true`. yolo only turns this source's ask into an allow: a rule's ask or
+  deny holds in yolo.
+
+Both read one document, the policy input (docs/reference/policy-input.md),
+built once per call; the same document goes to OPA and into the record.
+A policy that cannot be evaluated decides deny (fail closed).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
 
-from proxy.agentfile import DeclaredTool
+if TYPE_CHECKING:
+    from proxy.agentfile import DeclaredTool
+    from proxy.rules import Rules
 
 Effect = Literal["allow", "deny", "ask"]
 _RANK = {"allow": 0, "ask": 1, "deny": 2}
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
 @dataclass(frozen=True)
 class Decision:
     effect: Effect
-    source: str
+    source: str  # rules | tier | yolo | consent | loop_detector | retry ...
     reason: str = ""
+    rule_id: str | None = None
+    revision: str | None = None  # which rules decided: a hash of the rules file
 
 
 def most_restrictive(*decisions: Decision) -> Decision:
+    """The strictest decision; among equals, the first given (so name the stronger source first)."""
     if not decisions:
         return Decision("deny", "default", "no policy decided this call")
     return max(decisions, key=lambda d: _RANK[d.effect])
 
 
-class TierPolicy:
-    """yolo and tiers: a silent tool never asks; a gated one asks unless yolo."""
+def policy_input(tool: DeclaredTool, arguments: dict[str, Any], argv: list[str], *, agent_id: str = "",
+                 agent_header: str | None = None, request_id: str = "", yolo: bool = False,
+                 interactive: bool = False, now: datetime | None = None) -> dict[str, Any]:
+    """The one document every policy source reads."""
+    now = now or datetime.now().astimezone()
+    return {
+        "tool": {"name": tool.name, "tier": tool.spec.tier, "runner": tool.spec.runner,
+                 "visibility": tool.spec.visibility},
+        "arguments": arguments,
+        "argv": argv,
+        "agent": {"id": agent_id, "header": agent_header},
+        "mode": {"yolo": yolo, "interactive": interactive},
+        "request": {"id": request_id, "time": now.isoformat(timespec="seconds"), "weekday": WEEKDAYS[now.weekday()],
+                    "hour": now.hour},
+    }
 
-    def __init__(self, yolo: bool):
+
+def tier_decision(document: dict[str, Any]) -> Decision:
+    if document["tool"]["tier"] == "silent":
+        return Decision("allow", "tier", "silent tools never ask")
+    if document["mode"]["yolo"]:
+        return Decision("allow", "yolo", "yolo: true")
+    return Decision("ask", "yolo", "a gated tool, and yolo: false")
+
+
+class Policy:
+    def __init__(self, yolo: bool, rules: Rules | None = None):
         self.yolo = yolo
+        self.rules = rules
 
-    def decide(self, tool: DeclaredTool) -> Decision:
-        if tool.spec.tier == "silent":
-            return Decision("allow", "tier", "silent tools never ask")
-        if self.yolo:
-            return Decision("allow", "yolo", "yolo: true")
-        return Decision("ask", "yolo", "gated tool and yolo: false")
+    @property
+    def revision(self) -> str | None:
+        return self.rules.revision if self.rules else None
+
+    def decide(self, document: dict[str, Any]) -> Decision:
+        try:
+            from_rules = self.rules.decide(document) if self.rules else None
+            return most_restrictive(*(d for d in (from_rules, tier_decision(document)) if d is not None))
+        except Exception as exc:  # fail closed
+            return Decision("deny", "policy", f"the policy could not be evaluated ({exc!r})", None, self.revision)

@@ -29,6 +29,9 @@ class ExecutionRecord(BaseModel):
     decision: str = ""  # allow | deny | ask
     decision_source: str = ""
     decision_reason: str = ""
+    decision_rule: str | None = None  # the rule that decided, when the security team's rules did
+    policy_revision: str | None = None  # which rules: a hash of the rules file
+    policy_input: dict[str, Any] | None = None  # the document the policy read
     consent: str | None = None  # approved | denied, when someone was asked
     approver: str | None = None
     status: CallStatus

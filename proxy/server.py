@@ -20,8 +20,9 @@ from proxy.chat import ChatCompletions
 from proxy.consent import Consent, default_consent
 from proxy.engine import Engine
 from proxy.history import DEFAULT_TTL, History
-from proxy.policy import TierPolicy
+from proxy.policy import Policy
 from proxy.records import Observer
+from proxy.rules import Rules
 from proxy.runners import ArgvRunner, Runner
 from proxy.store import SQLiteStore
 from proxy.upstream import HOP_BY_HOP, Upstream, UpstreamError, forward_headers
@@ -49,6 +50,8 @@ def build_app(
     keepalive: float = 5.0,
     store_path: str | Path | None = None,
     history_ttl: float = DEFAULT_TTL,
+    rules: Rules | None = None,
+    identity_header: str | None = None,
 ) -> web.Application:
     store = SQLiteStore(store_path or default_store_path(agent))
     history = History(store, history_ttl)
@@ -60,7 +63,7 @@ def build_app(
     calls = DeclaredCalls(
         runners=runners,
         consent=consent or default_consent(),
-        policy=TierPolicy(agent.config.yolo if yolo is None else yolo),
+        policy=Policy(agent.config.yolo if yolo is None else yolo, rules),
         store=store,
         observers=observers,
     )
@@ -75,7 +78,7 @@ def build_app(
         async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
             upstream = Upstream(agent.config.upstream, session, api_key=api_key, read_timeout=read_timeout)
             app[UPSTREAM_KEY] = upstream
-            app[CHAT_KEY] = ChatCompletions(engine, upstream, keepalive=keepalive)
+            app[CHAT_KEY] = ChatCompletions(engine, upstream, keepalive=keepalive, identity_header=identity_header)
             yield
         store.close()
 

@@ -57,7 +57,7 @@ def test_bad_yaml(tmp_path):
     (GOOD_TOOL.replace("name: greet", "name: bash"), "tool 'bash': key 'name': 'bash' is a reserved name"),
     (GOOD_TOOL.replace("name: greet", "name: Read_File"), "tool 'Read_File': key 'name': 'Read_File' is a reserved"),
     (GOOD_TOOL.replace("name: greet", "name: \uff42\uff41\uff53\uff48"), "tool '\uff42\uff41\uff53\uff48': key 'name'"),  # full-width look-alike
-    (GOOD_TOOL.replace("name: greet", "name: greet me"), "tool 'greet me': key 'name': Value error, a tool name is"),
+    (GOOD_TOOL.replace("name: greet", "name: greet me"), "tool 'greet me': key 'name': a tool name is"),
     (GOOD_TOOL.replace("type: string", "type: text"), "tool 'greet': key 'parameters.who.type'"),
     (GOOD_TOOL.replace("/bin/echo", "./missing.sh"), "tool 'greet': key 'command': ./missing.sh is not an executable"),
     (GOOD_TOOL.replace("/bin/echo", "no-such-program"), "tool 'greet': key 'command': no-such-program is not found"),

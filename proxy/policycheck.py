@@ -1,0 +1,131 @@
+"""`toolkeeper policy test` and `toolkeeper policy explain`: rules checked before they ship.
+
+A call is described as the model would make it (tool and arguments); the tool's
+declaration in the agent file gives its tier, its runner and its argv, exactly
+as `serve` would build them, so a scenario exercises the real policy input.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from proxy.agentfile import Agent, load_agent_file
+from proxy.arguments import check_arguments
+from proxy.policy import Decision, Policy, policy_input
+from proxy.rules import Rules, RulesError, default_rules_path, load_rules
+from proxy.templates import RenderError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Call(_Strict):
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Scenario(_Strict):
+    name: str
+    call: Call
+    expect: str
+    rule: str | None = None
+    yolo: bool | None = None
+    interactive: bool = True
+    at: datetime | None = None
+    agent: dict[str, str] = Field(default_factory=dict)
+
+
+class ScenarioFile(_Strict):
+    agent_file: str
+    policy: str | None = None
+    scenarios: tuple[Scenario, ...]
+
+
+def evaluate(agent: Agent, rules: Rules | None, call: Call, *, yolo: bool | None = None, interactive: bool = True,
+             at: datetime | None = None, agent_id: str = "", agent_header: str | None = None,
+             ) -> tuple[dict[str, Any], Decision]:
+    """The policy input `serve` would build for this call, and the decision."""
+    tool = agent.tools.get(call.tool)
+    if tool is None:
+        raise RulesError(f"{call.tool!r} is not a tool of {agent.path} (its tools: {', '.join(agent.tools)})")
+    checked = check_arguments(tool.spec, call.arguments)
+    if not checked.ok:
+        raise RulesError(f"the call to {call.tool} is invalid, so no policy would see it: "
+                         + "; ".join(checked.problems))
+    try:
+        argv = tool.template.render(checked.values)
+    except RenderError as exc:
+        raise RulesError(f"the call to {call.tool} is invalid: {exc}") from None
+    yolo = agent.config.yolo if yolo is None else yolo
+    document = policy_input(tool, checked.values, argv, agent_id=agent_id, agent_header=agent_header,
+                            yolo=yolo, interactive=interactive, now=at)
+    return document, Policy(yolo, rules).decide(document)
+
+
+def _describe(decision: Decision) -> str:
+    by = f"rule {decision.rule_id}" if decision.rule_id else decision.source
+    return f"{decision.effect} ({by}: {decision.reason})"
+
+
+def run_tests(path: str | Path) -> int:
+    """Run a scenario file; print one line per scenario; 0 when every expectation holds."""
+    path = Path(path).resolve()
+    try:
+        raw = yaml.safe_load(path.read_text())
+        spec = ScenarioFile.model_validate(raw)
+    except (OSError, yaml.YAMLError, ValidationError) as exc:
+        print(f"toolkeeper: {path}: cannot read the scenarios: {exc}")
+        return 2
+    agent = load_agent_file(path.parent / spec.agent_file)
+    rules = load_rules(path.parent / spec.policy if spec.policy else default_rules_path())
+    failures = 0
+    for scenario in spec.scenarios:
+        try:
+            _, decision = evaluate(agent, rules, scenario.call, yolo=scenario.yolo, interactive=scenario.interactive,
+                                   at=scenario.at, agent_id=scenario.agent.get("id", ""),
+                                   agent_header=scenario.agent.get("header"))
+        except RulesError as exc:
+            print(f"FAIL {scenario.name}: {exc}")
+            failures += 1
+            continue
+        ok = decision.effect == scenario.expect and (scenario.rule is None or decision.rule_id == scenario.rule)
+        expected = scenario.expect + (f" by rule {scenario.rule}" if scenario.rule else "")
+        if ok:
+            print(f"PASS {scenario.name}: {_describe(decision)}")
+        else:
+            print(f"FAIL {scenario.name}: expected {expected}, got {_describe(decision)}")
+            failures += 1
+    print(f"{len(spec.scenarios) - failures} passed, {failures} failed (rules {rules.path}, revision {rules.revision})")
+    return 1 if failures else 0
+
+
+def explain(agent_file: str, tool: str, pairs: list[str], *, policy: str | None = None, yolo: bool | None = None,
+            at: datetime | None = None, agent_id: str = "", agent_header: str | None = None) -> int:
+    """Show the policy input of one call, which rules match it, and what decides."""
+    arguments = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            print(f"toolkeeper: arguments are key=value pairs; got {pair!r}")
+            return 2
+        arguments[key] = value  # strings, coerced like a model's: "3" -> 3, "true" -> true
+    agent = load_agent_file(agent_file)
+    rules = None if policy == "none" else load_rules(policy or default_rules_path())
+    document, decision = evaluate(agent, rules, Call(tool=tool, arguments=arguments), yolo=yolo, at=at,
+                                  agent_id=agent_id, agent_header=agent_header)
+    print("policy input:")
+    print(json.dumps(document, indent=2, ensure_ascii=False))
+    if rules is not None:
+        print(f"\nrules {rules.path} (revision {rules.revision}):")
+        matched = {rule.id for rule in rules.matching(document)}
+        for rule in rules.rules:
+            print(f"  {'MATCH' if rule.id in matched else '     '} {rule.id}: {rule.effect}")
+    print(f"\ndecision: {_describe(decision)}")
+    return 0
