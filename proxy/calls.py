@@ -137,7 +137,7 @@ class DeclaredCalls:
         record.policy_input = document
         record.decision_rule, record.policy_revision = decision.rule_id, decision.revision
         if decision.effect == "ask":
-            decision = await self._ask(tool, checked.values, argv, record)
+            decision = await self._ask(tool, checked.values, argv, record, context.agent)
         record.decision, record.decision_source, record.decision_reason = (
             decision.effect, decision.source, decision.reason)
         if decision.effect != "allow":
@@ -188,9 +188,9 @@ class DeclaredCalls:
         return None
 
     async def _ask(self, tool: DeclaredTool, values: dict[str, Any], argv: list[str],
-                   record: ExecutionRecord) -> Decision:
+                   record: ExecutionRecord, agent: str) -> Decision:
         started = time.monotonic()
-        answer = await self.consent.ask(ConsentRequest(tool.name, values, argv))
+        answer = await self.consent.ask(ConsentRequest(tool.name, values, argv, agent))
         log.info("consent for %s: %s by %s in %.1f s", tool.name, "yes" if answer.allowed else "no",
                  answer.approver, time.monotonic() - started)
         record.consent = "approved" if answer.allowed else "denied"

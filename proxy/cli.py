@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from datetime import datetime
@@ -12,6 +13,7 @@ from datetime import datetime
 from aiohttp import web
 
 from proxy.agentfile import AgentFileError, load_agent_file
+from proxy.approvals import TOKEN_VARIABLE, answer_command, list_command
 from proxy.rules import RulesError, default_rules_path, load_rules
 
 DEFAULT_HOST = "127.0.0.1"
@@ -40,9 +42,29 @@ def main(argv: list[str] | None = None) -> int:
                        "policies/default.yaml; `none` for no rules")
     serve.add_argument("--identity-header", help="a request header the deployment sets to name the agent; "
                        "policies read it as agent.header")
+    serve.add_argument("--consent", choices=["auto", "terminal", "approvals", "none"], default="auto",
+                       help="who is asked before a gated call: the terminal, the approvals API "
+                       f"(needs ${TOKEN_VARIABLE}), or no one (every ask is a deny); auto: the terminal when "
+                       "there is one, else approvals when the token is set")
+    serve.add_argument("--consent-timeout", type=float, default=300,
+                       help="seconds a call waits for an answer before it is denied (default 300)")
     serve.add_argument("--log-level", default="INFO")
 
     commands.add_parser("demo", help="run the example agent file against a built-in offline model")
+
+    admin = argparse.ArgumentParser(add_help=False)
+    admin.add_argument("--url", default=f"http://{DEFAULT_HOST}:{DEFAULT_PORT}",
+                       help=f"toolkeeper's address (default http://{DEFAULT_HOST}:{DEFAULT_PORT}); the token "
+                       f"comes from ${TOKEN_VARIABLE}")
+    commands.add_parser("approvals", parents=[admin], help="list the calls waiting for approval")
+    approve = commands.add_parser("approve", parents=[admin], help="approve a waiting call")
+    approve.add_argument("id")
+    approve.add_argument("--always", action="store_true", help="and always allow this tool from now on")
+    approve.add_argument("--as", dest="approver", help="who approves (default: your user name)")
+    deny = commands.add_parser("deny", parents=[admin], help="deny a waiting call")
+    deny.add_argument("id")
+    deny.add_argument("--reason", help="what the model is told")
+    deny.add_argument("--as", dest="approver", help="who denies (default: your user name)")
 
     policy = commands.add_parser("policy", help="test the security team's rules before they ship")
     policy_commands = policy.add_subparsers(dest="policy_command", required=True)
@@ -65,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(run_demo())
     if args.command == "policy":
         return _policy(args)
+    if args.command == "approvals":
+        return list_command(args.url)
+    if args.command in ("approve", "deny"):
+        return answer_command(args.url, args.id, args.command, always=getattr(args, "always", False),
+                              reason=getattr(args, "reason", None), approver=args.approver)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -92,8 +119,14 @@ def _policy(args: argparse.Namespace) -> int:
 async def _serve(agent, rules, args) -> int:
     from proxy.server import build_app
 
-    app = build_app(agent, read_timeout=args.read_timeout, keepalive=args.keepalive, store_path=args.store,
-                    history_ttl=args.history_ttl, rules=rules, identity_header=args.identity_header)
+    try:
+        app = build_app(agent, read_timeout=args.read_timeout, keepalive=args.keepalive, store_path=args.store,
+                        history_ttl=args.history_ttl, rules=rules, identity_header=args.identity_header,
+                        admin_token=os.environ.get(TOKEN_VARIABLE) or None, consent_mode=args.consent,
+                        consent_timeout=args.consent_timeout)
+    except ValueError as exc:
+        print(f"toolkeeper: {exc}", file=sys.stderr)
+        return 2
     # handler_cancellation: an agent that disconnects cancels its turn, and with
     # it the running tool (its process group is killed).
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

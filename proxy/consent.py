@@ -20,6 +20,7 @@ class ConsentRequest:
     tool: str
     arguments: dict[str, Any]
     argv: list[str] = field(default_factory=list)
+    agent: str = ""  # who asks: an approval is for this agent only
 
     def summary(self) -> str:
         args = ", ".join(f"{k}={render_scalar(v)}" for k, v in self.arguments.items())
@@ -84,5 +85,9 @@ class TerminalConsent:
         return ConsentAnswer(False, "terminal", "the user said no")
 
 
+def has_terminal() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
 def default_consent() -> Consent:
-    return TerminalConsent() if sys.stdin is not None and sys.stdin.isatty() else NoConsent()
+    return TerminalConsent() if has_terminal() else NoConsent()

@@ -74,8 +74,11 @@ class ScriptedModel:
 
     async def set_script(self, request: web.Request) -> web.Response:
         data = orjson.loads(await request.read())
-        self.steps = list(data.get("steps") or [])
-        self.requests = []
+        if data.get("append"):  # another conversation joins those under way
+            self.steps.extend(data.get("steps") or [])
+        else:
+            self.steps = list(data.get("steps") or [])
+            self.requests = []
         return web.json_response({"steps": len(self.steps)})
 
     async def get_requests(self, request: web.Request) -> web.Response:

@@ -15,9 +15,10 @@ import aiohttp
 from aiohttp import web
 
 from proxy.agentfile import Agent
+from proxy.approvals import TOKEN_VARIABLE, ApprovalsConsent, add_admin_routes
 from proxy.calls import DeclaredCalls
 from proxy.chat import ChatCompletions
-from proxy.consent import Consent, default_consent
+from proxy.consent import Consent, NoConsent, TerminalConsent, has_terminal
 from proxy.engine import Engine
 from proxy.history import DEFAULT_TTL, History
 from proxy.policy import Policy
@@ -52,8 +53,25 @@ def build_app(
     history_ttl: float = DEFAULT_TTL,
     rules: Rules | None = None,
     identity_header: str | None = None,
+    admin_token: str | None = None,
+    consent_mode: str = "auto",
+    consent_timeout: float = 300,
 ) -> web.Application:
+    """The app. Consent: `consent` if given; else by `consent_mode`: terminal, approvals (needs the admin
+    token), none, or auto (the terminal when there is one, else approvals when a token is set)."""
     store = SQLiteStore(store_path or default_store_path(agent))
+    approvals = None
+    if consent is None:
+        if consent_mode == "auto":
+            consent_mode = "terminal" if has_terminal() else ("approvals" if admin_token else "none")
+        if consent_mode == "approvals":
+            if not admin_token:
+                raise ValueError(f"the approvals channel needs an admin token: set {TOKEN_VARIABLE}")
+            consent = approvals = ApprovalsConsent(store, timeout=consent_timeout)
+        elif consent_mode == "terminal":
+            consent = TerminalConsent(timeout=consent_timeout)
+        else:
+            consent = NoConsent()
     history = History(store, history_ttl)
     runners: dict[str, Runner] = {"argv": ArgvRunner()}
     if any(tool.spec.runner == "wasm" for tool in agent.tools.values()):
@@ -62,7 +80,7 @@ def build_app(
         runners["wasm"] = shared_runner()
     calls = DeclaredCalls(
         runners=runners,
-        consent=consent or default_consent(),
+        consent=consent,
         policy=Policy(agent.config.yolo if yolo is None else yolo, rules),
         store=store,
         observers=observers,
@@ -101,6 +119,8 @@ def build_app(
     for path in CHAT_PATHS:
         app.router.add_post(path, chat)
     app.router.add_get("/healthz", healthz)
+    if admin_token:
+        add_admin_routes(app, store, admin_token, approvals)
     app.router.add_get("/metrics", metrics)
     app.router.add_route("*", "/{tail:.*}", passthrough)
     return app

@@ -38,7 +38,25 @@ CREATE TABLE IF NOT EXISTS call_results (
     answer TEXT NOT NULL,
     expires REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS approvals (
+    id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    args_hash TEXT NOT NULL,    -- SHA-256 of the canonical arguments: an approval is for these only
+    body BLOB NOT NULL,         -- arguments, argv, created: what the person is shown
+    status TEXT NOT NULL,       -- waiting | approved | denied | expired | used
+    approver TEXT,
+    reason TEXT,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS approvals_call ON approvals (agent, tool, args_hash, status);
+CREATE TABLE IF NOT EXISTS always_allowed (
+    tool TEXT PRIMARY KEY,
+    approver TEXT NOT NULL,
+    created REAL NOT NULL
+);
 """
+APPROVAL_FIELDS = "id, agent, tool, args_hash, body, status, approver, reason, updated"
 PURGE_EVERY = 200  # writes
 
 
@@ -101,6 +119,54 @@ class SQLiteStore:
                                    (key, time.time())).fetchone()
         return row[0] if row else None
 
+    # -- approvals: waiting calls and "always" answers survive a restart ------------
+
+    def add_approval(self, approval: dict) -> None:
+        with self._lock:
+            self._db.execute(f"INSERT INTO approvals ({APPROVAL_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+                             _approval_row(approval))
+
+    def get_approval(self, approval_id: str) -> dict | None:
+        with self._lock:
+            row = self._db.execute(f"SELECT {APPROVAL_FIELDS} FROM approvals WHERE id = ?",  # noqa: S608
+                                   (approval_id,)).fetchone()
+        return _approval(row) if row else None
+
+    def find_approval(self, agent: str, tool: str, args_hash: str, statuses: tuple[str, ...]) -> dict | None:
+        marks = ",".join("?" * len(statuses))
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {APPROVAL_FIELDS} FROM approvals WHERE agent = ? AND tool = ? AND args_hash = ? "  # noqa: S608
+                f"AND status IN ({marks}) ORDER BY updated DESC LIMIT 1", (agent, tool, args_hash, *statuses),
+            ).fetchone()
+        return _approval(row) if row else None
+
+    def list_approvals(self, status: str = "waiting") -> list[dict]:
+        with self._lock:
+            rows = self._db.execute(f"SELECT {APPROVAL_FIELDS} FROM approvals WHERE status = ? ORDER BY updated",  # noqa: S608
+                                    (status,)).fetchall()
+        return [_approval(row) for row in rows]
+
+    def settle_approval(self, approval_id: str, status: str, approver: str | None, reason: str | None,
+                        only_from: tuple[str, ...] = ("waiting",)) -> bool:
+        """Move an approval on, if it is still in one of `only_from`: True when it moved."""
+        marks = ",".join("?" * len(only_from))
+        with self._lock:
+            moved = self._db.execute(
+                f"UPDATE approvals SET status = ?, approver = COALESCE(?, approver), reason = COALESCE(?, reason), "  # noqa: S608
+                f"updated = ? WHERE id = ? AND status IN ({marks})",
+                (status, approver, reason, time.time(), approval_id, *only_from)).rowcount
+        return moved == 1
+
+    def allow_always(self, tool: str, approver: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO always_allowed VALUES (?, ?, ?)", (tool, approver, time.time()))
+
+    def always_allowed(self, tool: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT approver FROM always_allowed WHERE tool = ?", (tool,)).fetchone()
+        return row[0] if row else None
+
     def _wrote(self) -> None:
         self._writes += 1
         if self._writes % PURGE_EVERY == 0:
@@ -116,3 +182,15 @@ class SQLiteStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _approval_row(approval: dict) -> tuple:
+    body = {key: approval[key] for key in ("arguments", "argv", "created")}
+    return (approval["id"], approval["agent"], approval["tool"], approval["args_hash"], orjson.dumps(body),
+            approval["status"], approval.get("approver"), approval.get("reason"), approval.get("updated", time.time()))
+
+
+def _approval(row: tuple) -> dict:
+    approval_id, agent, tool, args_hash, body, status, approver, reason, updated = row
+    return {"id": approval_id, "agent": agent, "tool": tool, "args_hash": args_hash, **orjson.loads(body),
+            "status": status, "approver": approver, "reason": reason, "updated": updated}

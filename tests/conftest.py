@@ -79,6 +79,10 @@ class Scripted:
     def script(self, *steps: dict) -> None:
         _post(self.root + "/_script", {"steps": list(steps)})
 
+    def add(self, *steps: dict) -> None:
+        """More steps, for another conversation running beside the scripted ones."""
+        _post(self.root + "/_script", {"steps": list(steps), "append": True})
+
     def requests(self) -> list[dict]:
         with urllib.request.urlopen(self.root + "/_requests", timeout=10) as answer:
             return json.loads(answer.read())

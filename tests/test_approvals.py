@@ -1,0 +1,212 @@
+"""The approvals channel, driven through the real `toolkeeper approvals/approve/deny` commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import ROOT, Toolkeeper, call, start_toolkeeper, write_agent
+
+TOKEN = "test-admin-token-7f3a"
+AGENT = """
+    upstream: http://127.0.0.1:9/v1
+    yolo: false
+    tools:
+      - name: release
+        description: Publish a release.
+        parameters:
+          version: {type: string, description: "The version."}
+        command: ["{python}", "{tools}/record.py", "release", "{{version}}"]
+        env: {OUT: "{out}"}
+      - name: publish
+        description: Publish a page.
+        parameters:
+          page: {type: string, description: "The page."}
+        command: ["{python}", "{tools}/record.py", "publish", "{{page}}"]
+        env: {OUT: "{out}"}
+"""
+
+
+def cli(tk: Toolkeeper, *args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOOLKEEPER_ADMIN_TOKEN": token or ""}
+    root = tk.base_url[: -len("/v1")]
+    return subprocess.run([sys.executable, "-m", "proxy", *args, "--url", root], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=ROOT)
+
+
+def serve(scripted, directory, *extra: str) -> Toolkeeper:
+    process = start_toolkeeper(directory / "agent.yaml", scripted.base_url, "--consent", "approvals",
+                               "--store", str(directory / "store.sqlite3"), "--keepalive", "0.2", *extra,
+                               env={"TOOLKEEPER_ADMIN_TOKEN": TOKEN})
+    return Toolkeeper(process, directory)
+
+
+@pytest.fixture(scope="module")
+def approvals_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("approvals")
+    write_agent(directory, AGENT)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tka_server(scripted, approvals_dir):
+    tk = serve(scripted, approvals_dir, "--consent-timeout", "20")
+    yield tk
+    tk.process.stop()
+
+
+@pytest.fixture
+def tka(tka_server):
+    tka_server.reset()
+    yield tka_server
+    tka_server.close_clients()
+
+
+class Asking:
+    """A conversation whose call waits for approval, run in a thread."""
+
+    def __init__(self, tk: Toolkeeper, scripted, tool: str, arguments: dict, *, stream=False, word="go"):
+        scripted.add({"when": word, "tool_calls": [call(tool, arguments)]},
+                     {"when": word, "content": "{tool_result}"})
+        self.answer = None
+        self.error = None
+        self.chunks = b""
+        client = tk.client()
+
+        def run() -> None:
+            try:
+                ask()
+            except Exception as exc:  # the server went away: kept for the test to look at
+                self.error = exc
+
+        def ask() -> None:
+            if stream:
+                with client.chat.completions.with_streaming_response.create(
+                        model="m", messages=[{"role": "user", "content": word}], stream=True) as response:
+                    self.chunks = response.read()
+                events = [json.loads(e[6:]) for e in self.chunks.decode().split("\n\n") if e.startswith("data: {")]
+                self.answer = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+            else:
+                response = client.chat.completions.create(model="m", messages=[{"role": "user", "content": word}])
+                self.answer = response.choices[0].message.content
+
+        self.thread = threading.Thread(target=run)
+        self.thread.start()
+
+    def result(self) -> str:
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the call never finished"
+        return self.answer
+
+
+def waiting(tk: Toolkeeper, count: int = 1, timeout: float = 15) -> list[str]:
+    """The ids `toolkeeper approvals` lists, once `count` calls wait."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = cli(tk, "approvals")
+        assert run.returncode == 0, run.stderr
+        ids = [line.split()[0] for line in run.stdout.splitlines() if line.startswith("ap_")]
+        if len(ids) >= count:
+            return ids
+        time.sleep(0.2)
+    raise AssertionError("no call came to wait for approval")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_approve_lets_the_call_run(scripted, tka, stream):
+    asking = Asking(tka, scripted, "release", {"version": f"1.0.{int(stream)}"}, stream=stream, word=f"go{stream}")
+    (approval,) = waiting(tka)
+    listing = cli(tka, "approvals").stdout
+    assert f'release(version=1.0.{int(stream)})' in listing and 'argv ["' in listing and "waiting" in listing
+    run = cli(tka, "approve", approval, "--as", "ada")
+    assert run.returncode == 0 and f"{approval}: approved by ada" in run.stdout
+    assert "ran" in asking.result()
+    assert tka.calls() == [["release", f"1.0.{int(stream)}"]]
+    if stream:
+        assert b": keep-alive" in asking.chunks  # the agent was kept alive while the call waited
+    assert cli(tka, "approvals").stdout.strip() == "nothing waits for approval"
+
+
+def test_deny_tells_the_model_why(scripted, tka):
+    asking = Asking(tka, scripted, "release", {"version": "2.0.0"}, word="deny-me")
+    (approval,) = waiting(tka)
+    assert cli(tka, "deny", approval, "--reason", "not during the freeze").returncode == 0
+    answer = asking.result()
+    assert answer.startswith("Not run: release was not allowed (not during the freeze)")
+    assert tka.calls() == []
+
+
+def test_an_approval_is_for_its_own_arguments_only(scripted, tka):
+    first = Asking(tka, scripted, "release", {"version": "3.0.0"}, word="first")
+    waiting(tka, 1)
+    second = Asking(tka, scripted, "release", {"version": "3.0.1"}, word="second")
+    ids = waiting(tka, 2)
+    run = cli(tka, "approve", ids[0])
+    assert run.returncode == 0
+    assert "ran" in first.result()
+    assert tka.calls() == [["release", "3.0.0"]]
+    assert waiting(tka, 1) == [ids[1]]  # the other arguments still wait
+    # approving the answered one again changes nothing
+    again = cli(tka, "approve", ids[0])
+    assert again.returncode != 0 and "is used, not waiting" in again.stderr
+    cli(tka, "deny", ids[1])
+    assert second.result().startswith("Not run")
+    assert tka.calls() == [["release", "3.0.0"]]
+
+
+def test_always_allows_the_tool_from_then_on(scripted, tka):
+    asking = Asking(tka, scripted, "publish", {"page": "home"}, word="always-1")
+    (approval,) = waiting(tka)
+    run = cli(tka, "approve", approval, "--always")
+    assert "publish is now always allowed" in run.stdout
+    asking.result()
+    # other arguments, no question
+    assert "ran" in Asking(tka, scripted, "publish", {"page": "about"}, word="always-2").result()
+    assert tka.calls() == [["publish", "home"], ["publish", "about"]]
+
+
+def test_the_admin_api_needs_the_token(tka):
+    for token in (None, "wrong"):
+        run = cli(tka, "approvals", token=token)
+        assert run.returncode != 0
+        assert "401" in run.stderr and "admin token is required" in run.stderr
+
+
+def test_no_answer_before_the_timeout_is_a_deny(scripted, tmp_path):
+    write_agent(tmp_path, AGENT)
+    tk = serve(scripted, tmp_path, "--consent-timeout", "1")
+    try:
+        asking = Asking(tk, scripted, "release", {"version": "4.0.0"}, word="slow")
+        assert asking.result().startswith("Not run: release was not allowed (no one answered within 1 s)")
+        assert tk.calls() == []
+    finally:
+        tk.close_clients()
+        tk.process.stop()
+
+
+def test_a_restart_while_a_call_waits_loses_nothing(scripted, tmp_path):
+    write_agent(tmp_path, AGENT)
+    first = serve(scripted, tmp_path, "--consent-timeout", "30")
+    asking = Asking(first, scripted, "release", {"version": "5.0.0"}, word="before-restart")
+    (approval,) = waiting(first)
+    first.process.stop()  # the agent's request dies with it
+    asking.thread.join(30)
+    assert asking.error is not None
+    second = serve(scripted, tmp_path, "--consent-timeout", "30")
+    try:
+        assert waiting(second) == [approval]  # still there
+        assert cli(second, "approve", approval).returncode == 0
+        # the agent asks again: the approval given meanwhile is used, without a new wait
+        again = Asking(second, scripted, "release", {"version": "5.0.0"}, word="after-restart")
+        assert "ran" in again.result()
+        assert second.calls() == [["release", "5.0.0"]]
+        assert cli(second, "approvals").stdout.strip() == "nothing waits for approval"
+    finally:
+        first.close_clients()
+        second.close_clients()
+        second.process.stop()
