@@ -133,9 +133,10 @@ class DeclaredCalls:
         document = policy_input(tool, checked.values, argv, agent_id=context.agent,
                                 agent_header=context.agent_header, request_id=context.request_id,
                                 yolo=self.policy.yolo, interactive=getattr(self.consent, "can_ask", False))
-        decision = self.policy.decide(document)
+        decision = await self.policy.decide(document)
         record.policy_input = document
         record.decision_rule, record.policy_revision = decision.rule_id, decision.revision
+        record.decision_id = decision.decision_id
         if decision.effect == "ask":
             decision = await self._ask(tool, checked.values, argv, record, context.agent)
         record.decision, record.decision_source, record.decision_reason = (

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.agentfile import AgentFileError, load_agent_file
 from proxy.approvals import TOKEN_VARIABLE, answer_command, list_command
+from proxy.opa import OpaPolicy
 from proxy.rules import RulesError, default_rules_path, load_rules
 
 DEFAULT_HOST = "127.0.0.1"
@@ -40,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="seconds a hidden exchange is kept for the agent's next request (default 86400)")
     serve.add_argument("--policy", help="the security team's rules (YAML); default: the shipped "
                        "policies/default.yaml; `none` for no rules")
+    serve.add_argument("--opa-url", help="the security team's OPA server (http://host:8181); its Rego decides "
+                       "beside the YAML rules (which then apply only when --policy is given)")
+    serve.add_argument("--opa-path", default="toolkeeper/decision", help="the rule OPA evaluates (default "
+                       "toolkeeper/decision)")
+    serve.add_argument("--opa-timeout", type=float, default=1.0, help="seconds OPA has to answer; past "
+                       "them the call is denied (default 1)")
     serve.add_argument("--identity-header", help="a request header the deployment sets to name the agent; "
                        "policies read it as agent.header")
     serve.add_argument("--consent", choices=["auto", "terminal", "approvals", "none"], default="auto",
@@ -70,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     policy_commands = policy.add_subparsers(dest="policy_command", required=True)
     test = policy_commands.add_parser("test", help="run a scenario file: each call and the decision it expects")
     test.add_argument("scenarios")
+    test.add_argument("--opa-url", help="run the scenarios against this OPA server too")
+    test.add_argument("--opa-path", default="toolkeeper/decision")
     explain = policy_commands.add_parser("explain", help="show one call's policy input and the rule that decides")
     explain.add_argument("agent_file")
     explain.add_argument("tool")
@@ -79,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     explain.add_argument("--at", type=datetime.fromisoformat, help="the time of the call (ISO 8601)")
     explain.add_argument("--agent-id", default="")
     explain.add_argument("--agent-header")
+    explain.add_argument("--opa-url", help="ask this OPA server (instead of the YAML rules)")
+    explain.add_argument("--opa-path", default="toolkeeper/decision")
 
     args = parser.parse_args(argv)
     if args.command == "demo":
@@ -96,11 +107,15 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         agent = load_agent_file(args.agent_file, upstream=args.upstream)
-        rules = None if args.policy == "none" else load_rules(args.policy or default_rules_path())
-    except (AgentFileError, RulesError) as exc:
+        if args.policy == "none" or (args.opa_url and not args.policy):
+            rules = None
+        else:
+            rules = load_rules(args.policy or default_rules_path())
+        opa = OpaPolicy(args.opa_url, args.opa_path, args.opa_timeout) if args.opa_url else None
+    except (AgentFileError, RulesError, ValueError) as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(_serve(agent, rules, args))
+    return asyncio.run(_serve(agent, rules, opa, args))
 
 
 def _policy(args: argparse.Namespace) -> int:
@@ -108,20 +123,21 @@ def _policy(args: argparse.Namespace) -> int:
 
     try:
         if args.policy_command == "test":
-            return run_tests(args.scenarios)
+            return run_tests(args.scenarios, opa_url=args.opa_url, opa_path=args.opa_path)
         return explain(args.agent_file, args.tool, args.arguments, policy=args.policy, yolo=args.yolo, at=args.at,
-                       agent_id=args.agent_id, agent_header=args.agent_header)
-    except (AgentFileError, RulesError) as exc:
+                       agent_id=args.agent_id, agent_header=args.agent_header, opa_url=args.opa_url,
+                       opa_path=args.opa_path)
+    except (AgentFileError, RulesError, ValueError) as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
 
 
-async def _serve(agent, rules, args) -> int:
+async def _serve(agent, rules, opa, args) -> int:
     from proxy.server import build_app
 
     try:
         app = build_app(agent, read_timeout=args.read_timeout, keepalive=args.keepalive, store_path=args.store,
-                        history_ttl=args.history_ttl, rules=rules, identity_header=args.identity_header,
+                        history_ttl=args.history_ttl, rules=rules, opa=opa, identity_header=args.identity_header,
                         admin_token=os.environ.get(TOKEN_VARIABLE) or None, consent_mode=args.consent,
                         consent_timeout=args.consent_timeout)
     except ValueError as exc:
@@ -139,7 +155,9 @@ async def _serve(agent, rules, args) -> int:
         await runner.cleanup()
         return 1
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    policy = f"rules {rules.path.name} @{rules.revision}" if rules else "no rules"
+    policy = f"rules {rules.path.name} @{rules.revision}" if rules else "no YAML rules"
+    if opa:
+        policy += f", OPA {opa.url}/v1/data/{opa.path}"
     print(f"toolkeeper listening on http://{args.host}:{port}/v1 "
           f"({len(agent.tools)} declared tools from {agent.path}, upstream {agent.config.upstream}, {policy})",
           flush=True)

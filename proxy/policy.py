@@ -3,7 +3,8 @@
 Sources, the most restrictive wins (deny > ask > allow), so no source can
 loosen another:
 
-- the security team's rules (proxy/rules.py), when one matches;
+- the security team's rules: the built-in YAML rules (proxy/rules.py), when one
+  matches, and/or Rego evaluated by their OPA server (proxy/opa.py);
 - yolo and the tiers: a silent tool never asks; a gated one asks unless
   `yolo: true`. yolo only turns this source's ask into an allow: a rule's ask or
   deny holds in yolo.
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from proxy.agentfile import DeclaredTool
+    from proxy.opa import OpaPolicy
     from proxy.rules import Rules
 
 Effect = Literal["allow", "deny", "ask"]
@@ -34,7 +36,8 @@ class Decision:
     source: str  # rules | tier | yolo | consent | loop_detector | retry ...
     reason: str = ""
     rule_id: str | None = None
-    revision: str | None = None  # which rules decided: a hash of the rules file
+    revision: str | None = None  # which rules decided: a hash of the rules file, or OPA's bundle revision
+    decision_id: str | None = None  # OPA's, to find the decision in its own logs
 
 
 def most_restrictive(*decisions: Decision) -> Decision:
@@ -70,17 +73,20 @@ def tier_decision(document: dict[str, Any]) -> Decision:
 
 
 class Policy:
-    def __init__(self, yolo: bool, rules: Rules | None = None):
+    def __init__(self, yolo: bool, rules: Rules | None = None, opa: OpaPolicy | None = None):
         self.yolo = yolo
         self.rules = rules
+        self.opa = opa
 
     @property
     def revision(self) -> str | None:
         return self.rules.revision if self.rules else None
 
-    def decide(self, document: dict[str, Any]) -> Decision:
+    async def decide(self, document: dict[str, Any]) -> Decision:
         try:
-            from_rules = self.rules.decide(document) if self.rules else None
-            return most_restrictive(*(d for d in (from_rules, tier_decision(document)) if d is not None))
+            sources = [self.rules.decide(document) if self.rules else None,
+                       await self.opa.decide(document) if self.opa else None,
+                       tier_decision(document)]
+            return most_restrictive(*(d for d in sources if d is not None))
         except Exception as exc:  # fail closed
             return Decision("deny", "policy", f"the policy could not be evaluated ({exc!r})", None, self.revision)

@@ -7,6 +7,7 @@ as `serve` would build them, so a scenario exercises the real policy input.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from proxy.agentfile import Agent, load_agent_file
 from proxy.arguments import check_arguments
+from proxy.opa import DEFAULT_PATH, OpaPolicy
 from proxy.policy import Decision, Policy, policy_input
 from proxy.rules import Rules, RulesError, default_rules_path, load_rules
 from proxy.templates import RenderError
@@ -48,9 +50,9 @@ class ScenarioFile(_Strict):
     scenarios: tuple[Scenario, ...]
 
 
-def evaluate(agent: Agent, rules: Rules | None, call: Call, *, yolo: bool | None = None, interactive: bool = True,
-             at: datetime | None = None, agent_id: str = "", agent_header: str | None = None,
-             ) -> tuple[dict[str, Any], Decision]:
+async def evaluate(agent: Agent, rules: Rules | None, call: Call, *, yolo: bool | None = None,
+                   interactive: bool = True, at: datetime | None = None, agent_id: str = "",
+                   agent_header: str | None = None, opa: OpaPolicy | None = None) -> tuple[dict[str, Any], Decision]:
     """The policy input `serve` would build for this call, and the decision."""
     tool = agent.tools.get(call.tool)
     if tool is None:
@@ -66,7 +68,7 @@ def evaluate(agent: Agent, rules: Rules | None, call: Call, *, yolo: bool | None
     yolo = agent.config.yolo if yolo is None else yolo
     document = policy_input(tool, checked.values, argv, agent_id=agent_id, agent_header=agent_header,
                             yolo=yolo, interactive=interactive, now=at)
-    return document, Policy(yolo, rules).decide(document)
+    return document, await Policy(yolo, rules, opa).decide(document)
 
 
 def _describe(decision: Decision) -> str:
@@ -74,8 +76,12 @@ def _describe(decision: Decision) -> str:
     return f"{decision.effect} ({by}: {decision.reason})"
 
 
-def run_tests(path: str | Path) -> int:
-    """Run a scenario file; print one line per scenario; 0 when every expectation holds."""
+def run_tests(path: str | Path, *, opa_url: str | None = None, opa_path: str = DEFAULT_PATH) -> int:
+    """Run a scenario file (against the YAML rules, and OPA when given); 0 when every expectation holds."""
+    return asyncio.run(_run_tests(path, opa_url, opa_path))
+
+
+async def _run_tests(path: str | Path, opa_url: str | None, opa_path: str) -> int:
     path = Path(path).resolve()
     try:
         raw = yaml.safe_load(path.read_text())
@@ -85,29 +91,41 @@ def run_tests(path: str | Path) -> int:
         return 2
     agent = load_agent_file(path.parent / spec.agent_file)
     rules = load_rules(path.parent / spec.policy if spec.policy else default_rules_path())
-    failures = 0
-    for scenario in spec.scenarios:
-        try:
-            _, decision = evaluate(agent, rules, scenario.call, yolo=scenario.yolo, interactive=scenario.interactive,
-                                   at=scenario.at, agent_id=scenario.agent.get("id", ""),
-                                   agent_header=scenario.agent.get("header"))
-        except RulesError as exc:
-            print(f"FAIL {scenario.name}: {exc}")
-            failures += 1
-            continue
-        ok = decision.effect == scenario.expect and (scenario.rule is None or decision.rule_id == scenario.rule)
-        expected = scenario.expect + (f" by rule {scenario.rule}" if scenario.rule else "")
-        if ok:
-            print(f"PASS {scenario.name}: {_describe(decision)}")
-        else:
-            print(f"FAIL {scenario.name}: expected {expected}, got {_describe(decision)}")
-            failures += 1
-    print(f"{len(spec.scenarios) - failures} passed, {failures} failed (rules {rules.path}, revision {rules.revision})")
+    engines: list[tuple[str, Rules | None, OpaPolicy | None]] = [(f"rules {rules.path.name}", rules, None)]
+    if opa_url:
+        engines.append((f"OPA {opa_url}", None, OpaPolicy(opa_url, opa_path, timeout=5)))
+    failures = runs = 0
+    try:
+        for engine, engine_rules, opa in engines:
+            for scenario in spec.scenarios:
+                runs += 1
+                try:
+                    _, decision = await evaluate(agent, engine_rules, scenario.call, yolo=scenario.yolo,
+                                                 interactive=scenario.interactive, at=scenario.at,
+                                                 agent_id=scenario.agent.get("id", ""),
+                                                 agent_header=scenario.agent.get("header"), opa=opa)
+                except RulesError as exc:
+                    print(f"FAIL [{engine}] {scenario.name}: {exc}")
+                    failures += 1
+                    continue
+                ok = decision.effect == scenario.expect and scenario.rule in (None, decision.rule_id)
+                expected = scenario.expect + (f" by rule {scenario.rule}" if scenario.rule else "")
+                if ok:
+                    print(f"PASS [{engine}] {scenario.name}: {_describe(decision)}")
+                else:
+                    print(f"FAIL [{engine}] {scenario.name}: expected {expected}, got {_describe(decision)}")
+                    failures += 1
+    finally:
+        for _, _, opa in engines:
+            if opa is not None:
+                await opa.close()
+    print(f"scenarios: {runs - failures} passed, {failures} failed (rules revision {rules.revision})")
     return 1 if failures else 0
 
 
 def explain(agent_file: str, tool: str, pairs: list[str], *, policy: str | None = None, yolo: bool | None = None,
-            at: datetime | None = None, agent_id: str = "", agent_header: str | None = None) -> int:
+            at: datetime | None = None, agent_id: str = "", agent_header: str | None = None,
+            opa_url: str | None = None, opa_path: str = DEFAULT_PATH) -> int:
     """Show the policy input of one call, which rules match it, and what decides."""
     arguments = {}
     for pair in pairs:
@@ -117,9 +135,18 @@ def explain(agent_file: str, tool: str, pairs: list[str], *, policy: str | None 
             return 2
         arguments[key] = value  # strings, coerced like a model's: "3" -> 3, "true" -> true
     agent = load_agent_file(agent_file)
-    rules = None if policy == "none" else load_rules(policy or default_rules_path())
-    document, decision = evaluate(agent, rules, Call(tool=tool, arguments=arguments), yolo=yolo, at=at,
-                                  agent_id=agent_id, agent_header=agent_header)
+    rules = None if policy == "none" or (opa_url and not policy) else load_rules(policy or default_rules_path())
+    opa = OpaPolicy(opa_url, opa_path, timeout=5) if opa_url else None
+
+    async def run() -> tuple[dict[str, Any], Decision]:
+        try:
+            return await evaluate(agent, rules, Call(tool=tool, arguments=arguments), yolo=yolo, at=at,
+                                  agent_id=agent_id, agent_header=agent_header, opa=opa)
+        finally:
+            if opa is not None:
+                await opa.close()
+
+    document, decision = asyncio.run(run())
     print("policy input:")
     print(json.dumps(document, indent=2, ensure_ascii=False))
     if rules is not None:
@@ -127,5 +154,8 @@ def explain(agent_file: str, tool: str, pairs: list[str], *, policy: str | None 
         matched = {rule.id for rule in rules.matching(document)}
         for rule in rules.rules:
             print(f"  {'MATCH' if rule.id in matched else '     '} {rule.id}: {rule.effect}")
+    if opa is not None:
+        print(f"\nOPA {opa.url}/v1/data/{opa.path}: decision id {decision.decision_id}, "
+              f"bundles {decision.revision}")
     print(f"\ndecision: {_describe(decision)}")
     return 0

@@ -30,7 +30,8 @@ class ExecutionRecord(BaseModel):
     decision_source: str = ""
     decision_reason: str = ""
     decision_rule: str | None = None  # the rule that decided, when the security team's rules did
-    policy_revision: str | None = None  # which rules: a hash of the rules file
+    policy_revision: str | None = None  # which rules: a hash of the rules file, or OPA's bundle revision
+    decision_id: str | None = None  # OPA's decision id
     policy_input: dict[str, Any] | None = None  # the document the policy read
     consent: str | None = None  # approved | denied, when someone was asked
     approver: str | None = None

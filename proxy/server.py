@@ -21,6 +21,7 @@ from proxy.chat import ChatCompletions
 from proxy.consent import Consent, NoConsent, TerminalConsent, has_terminal
 from proxy.engine import Engine
 from proxy.history import DEFAULT_TTL, History
+from proxy.opa import OpaPolicy
 from proxy.policy import Policy
 from proxy.records import Observer
 from proxy.rules import Rules
@@ -52,6 +53,7 @@ def build_app(
     store_path: str | Path | None = None,
     history_ttl: float = DEFAULT_TTL,
     rules: Rules | None = None,
+    opa: OpaPolicy | None = None,
     identity_header: str | None = None,
     admin_token: str | None = None,
     consent_mode: str = "auto",
@@ -81,7 +83,7 @@ def build_app(
     calls = DeclaredCalls(
         runners=runners,
         consent=consent,
-        policy=Policy(agent.config.yolo if yolo is None else yolo, rules),
+        policy=Policy(agent.config.yolo if yolo is None else yolo, rules, opa),
         store=store,
         observers=observers,
     )
@@ -98,6 +100,8 @@ def build_app(
             app[UPSTREAM_KEY] = upstream
             app[CHAT_KEY] = ChatCompletions(engine, upstream, keepalive=keepalive, identity_header=identity_header)
             yield
+        if opa is not None:
+            await opa.close()
         store.close()
 
     app.cleanup_ctx.append(upstream_session)

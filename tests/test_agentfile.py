@@ -81,6 +81,12 @@ def test_broken_tools_name_file_tool_and_key(tmp_path, tools, expected):
     assert expected in message
 
 
+def test_a_unicode_look_alike_of_a_reserved_name_collides(tmp_path):
+    # full-width letters in the file's reserved list fold to the ASCII name of the tool
+    message = error(tmp_path, GOOD_TOOL, head="upstream: http://x/v1\nreserved: ['\uff27\uff52\uff45\uff45\uff54']\n")
+    assert "key 'name': 'greet' is a reserved name" in message
+
+
 def test_reserved_list_of_the_file(tmp_path):
     assert "key 'name': 'greet' is a reserved name" in error(tmp_path, GOOD_TOOL,
                                                             head="upstream: http://x/v1\nreserved: [GREET]\n")

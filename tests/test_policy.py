@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -58,7 +59,7 @@ MATRIX = {
 
 @pytest.mark.parametrize(("rule", "tier", "yolo"), list(MATRIX), ids=[f"{r}-{t}-yolo{y}" for r, t, y in MATRIX])
 def test_yolo_tier_rule_matrix(tmp_path, rule, tier, yolo):
-    decision = Policy(yolo, rules_from(tmp_path, RULE[rule])).decide(document(tier=tier, yolo=yolo))
+    decision = asyncio.run(Policy(yolo, rules_from(tmp_path, RULE[rule])).decide(document(tier=tier, yolo=yolo)))
     assert decision.effect == MATRIX[(rule, tier, yolo)]
     if rule in ("ask", "deny"):
         assert decision.rule_id == "r" and decision.source == "rules"
@@ -119,7 +120,7 @@ rules:
 
 def test_a_policy_that_cannot_be_evaluated_denies(tmp_path):
     rules = rules_from(tmp_path, "rules: [{id: r, effect: allow, when: {tool: x}}]")
-    decision = Policy(True, rules).decide({"mode": {"yolo": True}})  # a malformed input document
+    decision = asyncio.run(Policy(True, rules).decide({"mode": {"yolo": True}}))  # a malformed input document
     assert decision.effect == "deny"
     assert decision.reason.startswith("the policy could not be evaluated")
 
@@ -207,8 +208,8 @@ def toolkeeper(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
 def test_policy_test_runs_the_shipped_scenarios():
     run = toolkeeper("policy", "test", "policies/default_scenarios.yaml")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "PASS release notes naming an SSH key are denied, even in yolo: deny (rule credentials-never" in run.stdout
-    assert "5 passed, 0 failed" in run.stdout
+    assert "PASS [rules default.yaml] release notes naming an SSH key are denied, even in yolo: deny (rule credentials-never" in run.stdout
+    assert "scenarios: 5 passed, 0 failed" in run.stdout
 
 
 def test_policy_test_fails_on_a_wrong_expectation(tmp_path):
@@ -221,7 +222,7 @@ scenarios:
 """)
     run = toolkeeper("policy", "test", str(tmp_path / "scenarios.yaml"))
     assert run.returncode == 1
-    assert "FAIL wrongly expected to run: expected allow, got deny (rule credentials-never" in run.stdout
+    assert "FAIL [rules default.yaml] wrongly expected to run: expected allow, got deny (rule credentials-never" in run.stdout
 
 
 def test_policy_explain_names_the_rule(tmp_path):
