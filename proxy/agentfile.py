@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from proxy.templates import CommandTemplate, TemplateError
+from proxy.validation import describe, regex
 
 # The usual built-in tool names of agents (Claude Code, Codex, OpenHands, Aider,
 # Cline, Goose, the OpenAI Agents SDK...), plus the names toolkeeper injects
@@ -96,12 +97,7 @@ class Parameter(_Strict):
     @field_validator("pattern")
     @classmethod
     def _pattern_compiles(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"not a valid regular expression: {exc}") from exc
-        return value
+        return regex(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> Parameter:
@@ -238,7 +234,7 @@ def load_agent_file(path: str | os.PathLike[str], *, upstream: str | None = None
     try:
         config = AgentFile.model_validate(raw)
     except ValidationError as exc:
-        raise AgentFileError(_describe_validation_error(path, raw, exc)) from None
+        raise AgentFileError(describe(path, raw, exc, entries="tools", entry="tool", name_key="name")) from None
 
     reserved = {fold_name(name) for name in DEFAULT_RESERVED_NAMES | set(config.reserved)}
     seen: dict[str, str] = {}
@@ -338,25 +334,3 @@ def minimal_path(tool: Tool) -> str:
     if isinstance(tool.env, tuple) and "PATH" in tool.env and "PATH" in os.environ:
         return os.environ["PATH"]
     return "/usr/local/bin:/usr/bin:/bin"
-
-
-def _describe_validation_error(path: Path, raw: dict, exc: ValidationError) -> str:
-    """Turn pydantic's errors into lines naming the tool and the key."""
-    lines = []
-    for error in exc.errors():
-        loc = list(error["loc"])
-        where = str(path)
-        if len(loc) >= 2 and loc[0] == "tools" and isinstance(loc[1], int):
-            tools = raw.get("tools") or []
-            entry = tools[loc[1]] if loc[1] < len(tools) else None
-            name = entry.get("name") if isinstance(entry, dict) else None
-            where += f": tool {name!r}" if name else f": tool #{loc[1] + 1}"
-            loc = loc[2:]
-        key = ".".join(str(part) for part in loc if not str(part).startswith("function-"))
-        message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "extra_forbidden":
-            message = "unknown key"
-        elif error["type"] == "missing":
-            message = "required key is missing"
-        lines.append(f"{where}: key {key!r}: {message}" if key else f"{where}: {message}")
-    return "\n".join(lines)

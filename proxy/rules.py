@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from proxy.policy import Decision, most_restrictive
+from proxy.validation import describe, regex
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
@@ -41,15 +42,6 @@ class RulesError(Exception):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _compiles(pattern: str | None) -> str | None:
-    if pattern is not None:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from exc
-    return pattern
 
 
 class ValueTest(_Strict):
@@ -68,7 +60,7 @@ class ValueTest(_Strict):
     @field_validator("matches")
     @classmethod
     def _pattern(cls, value: str | None) -> str | None:
-        return _compiles(value)
+        return regex(value)
 
     def holds(self, value: Any, present: bool) -> bool:
         if self.present is not None and self.present != present:
@@ -97,7 +89,7 @@ class ArgvTest(_Strict):
     @field_validator("matches")
     @classmethod
     def _pattern(cls, value: str | None) -> str | None:
-        return _compiles(value)
+        return regex(value)
 
     def holds(self, argv: list[str]) -> bool:
         if self.matches is not None and not any(re.search(self.matches, entry) for entry in argv):
@@ -248,20 +240,5 @@ def load_rules(path: str | Path) -> Rules:
     try:
         parsed = RulesFile.model_validate(raw)
     except ValidationError as exc:
-        lines = []
-        for error in exc.errors():
-            loc = list(error["loc"])
-            where = str(path)
-            if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int):
-                entries = raw.get("rules") or []
-                entry = entries[loc[1]] if loc[1] < len(entries) else None
-                rule_id = entry.get("id") if isinstance(entry, dict) else None
-                where += f": rule {rule_id!r}" if rule_id else f": rule #{loc[1] + 1}"
-                loc = loc[2:]
-            key = ".".join(str(part) for part in loc if not str(part).startswith(("function-", "literal[")))
-            message = error["msg"].removeprefix("Value error, ")
-            if error["type"] == "extra_forbidden":
-                message = "unknown key"
-            lines.append(f"{where}: key {key!r}: {message}" if key else f"{where}: {message}")
-        raise RulesError("\n".join(lines)) from None
+        raise RulesError(describe(path, raw, exc, entries="rules", entry="rule", name_key="id")) from None
     return Rules(path, parsed, hashlib.sha256(text).hexdigest()[:12])

@@ -132,7 +132,7 @@ def test_a_policy_that_cannot_be_evaluated_denies(tmp_path):
     ("rules: [{id: r, effect: ask, when: {argv: {matches: '(['}}}]", "rule 'r': key 'when.argv.matches'"),
     ("rules: [{id: r, effect: ask, when: {time: {hours: '9 to 5'}}}]", "rule 'r': key 'when.time.hours'"),
     ("rules: [{id: r, effect: ask}, {id: r, effect: allow}]", "rule id 'r' is used twice"),
-    ("rules: [{effect: ask}]", "rule #1: key 'id': Field required"),
+    ("rules: [{effect: ask}]", "rule #1: key 'id': required key is missing"),
     ("rules: [", "not valid YAML"),
 ])
 def test_broken_rules_name_the_file_rule_and_key(tmp_path, text, expected):
