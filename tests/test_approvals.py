@@ -132,8 +132,9 @@ def test_approve_lets_the_call_run(scripted, tka, stream):
     assert cli(tka, "approvals").stdout.strip() == "nothing waits for approval"
 
 
-def test_deny_tells_the_model_why(scripted, tka):
-    asking = Asking(tka, scripted, "release", {"version": "2.0.0"}, word="deny-me")
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_deny_tells_the_model_why(scripted, tka, stream):
+    asking = Asking(tka, scripted, "release", {"version": "2.0.0"}, word=f"deny-me-{stream}", stream=stream)
     (approval,) = waiting(tka)
     assert cli(tka, "deny", approval, "--reason", "not during the freeze").returncode == 0
     answer = asking.result()
@@ -160,14 +161,15 @@ def test_an_approval_is_for_its_own_arguments_only(scripted, tka):
 
 
 def test_always_allows_the_tool_from_then_on(scripted, tka):
-    asking = Asking(tka, scripted, "publish", {"page": "home"}, word="always-1")
+    asking = Asking(tka, scripted, "publish", {"page": "home"}, word="always-1", stream=True)
     (approval,) = waiting(tka)
     run = cli(tka, "approve", approval, "--always")
     assert "publish is now always allowed" in run.stdout
-    asking.result()
-    # other arguments, no question
+    assert "ran" in asking.result()
+    # other arguments, no question, streamed or not
     assert "ran" in Asking(tka, scripted, "publish", {"page": "about"}, word="always-2").result()
-    assert tka.calls() == [["publish", "home"], ["publish", "about"]]
+    assert "ran" in Asking(tka, scripted, "publish", {"page": "faq"}, word="always-3", stream=True).result()
+    assert tka.calls() == [["publish", "home"], ["publish", "about"], ["publish", "faq"]]
 
 
 def test_the_admin_api_needs_the_token(tka):
@@ -181,8 +183,11 @@ def test_no_answer_before_the_timeout_is_a_deny(scripted, tmp_path):
     write_agent(tmp_path, AGENT)
     tk = serve(scripted, tmp_path, "--consent-timeout", "1")
     try:
-        asking = Asking(tk, scripted, "release", {"version": "4.0.0"}, word="slow")
-        assert asking.result().startswith("Not run: release was not allowed (no one answered within 1 s)")
+        whole = Asking(tk, scripted, "release", {"version": "4.0.0"}, word="slow-whole")
+        streamed = Asking(tk, scripted, "release", {"version": "4.0.1"}, word="slow-stream", stream=True)
+        for asking in (whole, streamed):
+            assert asking.result().startswith("Not run: release was not allowed (no one answered within 1 s)")
+        assert b": keep-alive" in streamed.chunks
         assert tk.calls() == []
     finally:
         tk.close_clients()
