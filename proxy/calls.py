@@ -23,6 +23,7 @@ import orjson
 
 from proxy.agentfile import DeclaredTool
 from proxy.arguments import check_arguments, invalid_call_answer, parse_arguments
+from proxy.audit import AuditError, SQLiteAudit
 from proxy.consent import Consent, ConsentRequest
 from proxy.policy import Decision, Policy, policy_input
 from proxy.records import CallStatus, ExecutionRecord, Observer
@@ -57,17 +58,21 @@ class CallContext:
 class Outcome:
     answer: str
     ends_turn: str = ""  # the final message, when this call ends the turn
+    ran: bool = False  # the tool ran: its record is completed, not refused
+    unrecorded: bool = False  # the audit trail could not take it
 
 
 class DeclaredCalls:
     def __init__(self, *, runners: Mapping[str, Runner], consent: Consent, policy: Policy,
-                 store: Store | None = None, observers: Iterable[Observer] = (), retry_window: float = RETRY_WINDOW):
+                 store: Store | None = None, observers: Iterable[Observer] = (), retry_window: float = RETRY_WINDOW,
+                 audit: SQLiteAudit | None = None):
         self.runners = runners  # by the tool's runner: "argv", "wasm"
         self.consent = consent
         self.policy = policy
         self.store = store
         self.observers = list(observers)
         self.retry_window = retry_window
+        self.audit = audit
         self._running: dict[str, asyncio.Future[tuple[str, CallStatus]]] = {}
 
     async def handle(self, call: ToolCall, tool: DeclaredTool, context: CallContext, *,
@@ -77,6 +82,11 @@ class DeclaredCalls:
                                  runner=spec.runner, call_id=call.id, arguments_sent=call.arguments, status="invalid")
         outcome = await self._handle(call, tool, context, truncated, record)
         record.answer = outcome.answer
+        if self.audit is not None and not outcome.unrecorded:
+            try:
+                (self.audit.completed if outcome.ran else self.audit.refused)(record)
+            except AuditError:
+                log.exception("the audit trail lost the outcome of %s (record %s)", spec.name, record.record_id)
         log.info("declared call %s: %s (%s) in %.1f ms", spec.name, record.status, record.decision_source or "-",
                  record.duration_ms)
         for observer in self.observers:
@@ -148,6 +158,15 @@ class DeclaredCalls:
                 "asks you to; tell the user it was not allowed."
             )
 
+        if self.audit is not None:
+            try:
+                self.audit.decided(record)  # no record, no run
+            except AuditError as exc:
+                log.error("%s not run: %s", spec.name, exc)
+                record.status = "failed"
+                return Outcome(f"Not run: {spec.name} could not be recorded in the audit trail, and nothing runs "
+                               f"unrecorded ({exc}). Tell the user; do not retry.", unrecorded=True)
+
         running = asyncio.get_running_loop().create_future()
         if memo_key:
             self._running[memo_key] = running
@@ -168,7 +187,7 @@ class DeclaredCalls:
         running.set_result((answer, record.status))
         if memo_key and self.store is not None:
             self.store.put_call_result(memo_key, orjson.dumps([answer, record.status]).decode(), self.retry_window)
-        return Outcome(answer)
+        return Outcome(answer, ran=True)
 
     async def _replay(self, memo_key: str) -> tuple[str, CallStatus] | None:
         if not memo_key:

@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="seconds between SSE keep-alive comments while a tool runs (default 5)")
     serve.add_argument("--store", help="the SQLite file for hidden history and retries "
                        "(default: toolkeeper.sqlite3 next to the agent file)")
+    serve.add_argument("--audit", help="the SQLite file of the audit trail (default: toolkeeper-audit.sqlite3 "
+                       "next to the agent file)")
     serve.add_argument("--history-ttl", type=float, default=24 * 3600,
                        help="seconds a hidden exchange is kept for the agent's next request (default 86400)")
     serve.add_argument("--policy", help="the security team's rules (YAML); default: the shipped "
@@ -73,6 +75,21 @@ def main(argv: list[str] | None = None) -> int:
     deny.add_argument("--reason", help="what the model is told")
     deny.add_argument("--as", dest="approver", help="who denies (default: your user name)")
 
+    audit = commands.add_parser("audit", help="read the audit trail: list, show, tail, export, verify")
+    audit.add_argument("--db", required=True, help="the audit database (toolkeeper-audit.sqlite3 next to the "
+                       "agent file, or serve's --audit)")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True)
+    listing = audit_commands.add_parser("list", help="recent executions, one line each")
+    for sub in (listing, audit_commands.add_parser("export", help="every record, as JSON lines or CSV")):
+        sub.add_argument("--since", help="like 7d, 12h, 30m")
+        sub.add_argument("--tool")
+        sub.add_argument("--status", choices=["ok", "failed", "invalid", "denied", "timeout", "running"])
+        sub.add_argument("--agent")
+    audit_commands.choices["export"].add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
+    audit_commands.add_parser("show", help="one execution in full").add_argument("id")
+    audit_commands.add_parser("tail", help="follow new records as they are written")
+    audit_commands.add_parser("verify", help="walk the hash chain; name the first record that does not match")
+
     policy = commands.add_parser("policy", help="test the security team's rules before they ship")
     policy_commands = policy.add_subparsers(dest="policy_command", required=True)
     test = policy_commands.add_parser("test", help="run a scenario file: each call and the decision it expects")
@@ -98,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(run_demo())
     if args.command == "policy":
         return _policy(args)
+    if args.command == "audit":
+        from proxy.auditcli import run
+
+        return run(args)
     if args.command == "approvals":
         return list_command(args.url)
     if args.command in ("approve", "deny"):
@@ -139,7 +160,7 @@ async def _serve(agent, rules, opa, args) -> int:
         app = build_app(agent, read_timeout=args.read_timeout, keepalive=args.keepalive, store_path=args.store,
                         history_ttl=args.history_ttl, rules=rules, opa=opa, identity_header=args.identity_header,
                         admin_token=os.environ.get(TOKEN_VARIABLE) or None, consent_mode=args.consent,
-                        consent_timeout=args.consent_timeout)
+                        consent_timeout=args.consent_timeout, audit_path=args.audit)
     except ValueError as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2

@@ -62,7 +62,7 @@ async def run_demo() -> int:
     agent = load_agent_file(example_agent_file(), upstream=f"http://127.0.0.1:{model_port}/v1")
     records: list[ExecutionRecord] = []
     consent = DemoConsent()
-    app = build_app(agent, consent=consent, observers=[records.append], store_path=":memory:",
+    app = build_app(agent, consent=consent, observers=[records.append], store_path=":memory:", audit_path=":memory:",
                     rules=load_rules(default_rules_path()))
     proxy_runner = web.AppRunner(app,
                                  handler_cancellation=True, access_log=None)

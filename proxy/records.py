@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import uuid
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
@@ -17,6 +18,7 @@ CallStatus = Literal["ok", "failed", "invalid", "denied", "timeout"]
 
 class ExecutionRecord(BaseModel):
     version: int = 1
+    record_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     time: float = Field(default_factory=time.time)
     request_id: str = ""
     agent: str = ""  # a short hash identifying the agent's credentials, never the key
@@ -42,6 +44,7 @@ class ExecutionRecord(BaseModel):
     output_bytes: int = 0
     output_sha256: str | None = None
     answer: str = ""  # what the model was told
+    redacted: list[str] = Field(default_factory=list)  # which values were replaced before storing
 
     @staticmethod
     def digest(data: bytes) -> str:

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from proxy.agentfile import Agent
 from proxy.approvals import TOKEN_VARIABLE, ApprovalsConsent, add_admin_routes
+from proxy.audit import SQLiteAudit
 from proxy.calls import DeclaredCalls
 from proxy.chat import ChatCompletions
 from proxy.consent import Consent, NoConsent, TerminalConsent, has_terminal
@@ -42,6 +43,10 @@ def default_store_path(agent: Agent) -> Path:
     return agent.directory / "toolkeeper.sqlite3"
 
 
+def default_audit_path(agent: Agent) -> Path:
+    return agent.directory / "toolkeeper-audit.sqlite3"
+
+
 def build_app(
     agent: Agent,
     *,
@@ -58,10 +63,12 @@ def build_app(
     admin_token: str | None = None,
     consent_mode: str = "auto",
     consent_timeout: float = 300,
+    audit_path: str | Path | None = None,
 ) -> web.Application:
     """The app. Consent: `consent` if given; else by `consent_mode`: terminal, approvals (needs the admin
     token), none, or auto (the terminal when there is one, else approvals when a token is set)."""
     store = SQLiteStore(store_path or default_store_path(agent))
+    audit = SQLiteAudit(audit_path or default_audit_path(agent))
     approvals = None
     if consent is None:
         if consent_mode == "auto":
@@ -86,6 +93,7 @@ def build_app(
         policy=Policy(agent.config.yolo if yolo is None else yolo, rules, opa),
         store=store,
         observers=observers,
+        audit=audit,
     )
     engine = Engine(agent, calls, history=history)
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
@@ -103,6 +111,7 @@ def build_app(
         if opa is not None:
             await opa.close()
         store.close()
+        audit.close()
 
     app.cleanup_ctx.append(upstream_session)
 

@@ -1,0 +1,263 @@
+"""The audit trail: every declared call recorded, hash-chained, written before it runs.
+
+A call's record is written in two steps, as two chained events:
+
+- `decided`, before the run: who called what, with which arguments (as sent and
+  as coerced), the argv or module, the decision, its source and rule. If this
+  cannot be written, the tool does not run and the model is told so;
+- `completed`, after it: status, exit status or trap, duration, output size,
+  digest and an excerpt.
+
+A call that never runs (invalid, denied, stopped by the loop detector) leaves
+one `refused` event. Each event carries the SHA-256 of its canonical content
+and of the event before it; `verify` walks the chain and names the first event
+that does not match. The chain's previous-hash column is unique, so two writers
+that read the same head cannot both extend it: the second retries on the new
+head, and the chain never forks.
+
+Redaction happens before anything reaches the store: argument values whose
+names match the configured patterns (default: key, token, secret, password,
+authorization) are replaced, in the arguments, the policy input and the argv,
+and the record lists what was redacted. The agent is a short hash of its
+credentials, never the key.
+
+Durability: the audit database is its own SQLite file in WAL mode with
+synchronous=FULL, so a record acknowledged before a run survives a power loss;
+a write costs an fsync (measure it with bench/audit.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.records import ExecutionRecord
+
+GENESIS = "0" * 64
+DEFAULT_PATTERNS = ("key", "token", "secret", "password", "authorization")
+REDACTED = "[redacted]"
+EXCERPT_BYTES = 1024
+# How long a call waits for the audit database (another writer holding it)
+# before it is refused: the call is held up, never run unrecorded.
+LOCK_WAIT = 2.0
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS audit_events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    record_id TEXT NOT NULL,
+    kind TEXT NOT NULL,            -- decided | completed | refused
+    time REAL NOT NULL,
+    tool TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    status TEXT NOT NULL,
+    body BLOB NOT NULL,            -- the event's canonical JSON: what the hash covers
+    prev_hash TEXT NOT NULL UNIQUE,
+    hash TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_record ON audit_events (record_id);
+CREATE INDEX IF NOT EXISTS audit_time ON audit_events (time);
+"""
+
+
+class AuditError(Exception):
+    """A record could not be written: the call it describes must not run."""
+
+
+def canonical(event: dict[str, Any]) -> bytes:
+    return orjson.dumps(event, option=orjson.OPT_SORT_KEYS)
+
+
+def chain_hash(prev_hash: str, body: bytes) -> str:
+    return hashlib.sha256(prev_hash.encode() + b"\x00" + body).hexdigest()
+
+
+class Redactor:
+    def __init__(self, patterns: Iterable[str] = DEFAULT_PATTERNS):
+        self.pattern = re.compile("|".join(re.escape(p) for p in patterns), re.IGNORECASE)
+
+    def apply(self, record: ExecutionRecord) -> ExecutionRecord:
+        """The record as it may be stored: secret-named values replaced everywhere they appear."""
+        secrets: list[str] = []
+        redacted: list[str] = []
+        data = record.model_dump()
+        for field in ("arguments_sent", "arguments"):
+            value = data.get(field)
+            if isinstance(value, str):
+                try:
+                    value = orjson.loads(value)
+                except orjson.JSONDecodeError:
+                    continue
+                data[field] = value
+            if isinstance(value, dict):
+                for name in list(value):
+                    if self.pattern.search(name) and value[name] not in (None, ""):
+                        secrets.append(str(value[name]))
+                        value[name] = REDACTED
+                        redacted.append(f"{field}.{name}")
+        policy_input = data.get("policy_input") or {}
+        for name in list(policy_input.get("arguments") or {}):
+            if self.pattern.search(name):
+                policy_input["arguments"][name] = REDACTED
+        if secrets:
+            data["argv"] = [_erase(entry, secrets) for entry in data.get("argv") or []] or data.get("argv")
+            data["answer"] = _erase(data.get("answer") or "", secrets)
+            if policy_input.get("argv"):
+                policy_input["argv"] = [_erase(entry, secrets) for entry in policy_input["argv"]]
+        data["redacted"] = sorted(set(redacted))
+        return ExecutionRecord.model_validate(data)
+
+
+def _erase(text: str, secrets: list[str]) -> str:
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+class SQLiteAudit:
+    def __init__(self, path: str | Path, redactor: Redactor | None = None):
+        self.path = str(path)
+        self.redactor = redactor or Redactor()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=LOCK_WAIT)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.Lock()
+
+    # -- writing ------------------------------------------------------------------------
+
+    def decided(self, record: ExecutionRecord) -> None:
+        """Before the run; raises AuditError when it cannot be written (then nothing runs)."""
+        self._append("decided", record, DECIDED_FIELDS, status="running")
+
+    def completed(self, record: ExecutionRecord) -> None:
+        self._append("completed", record, COMPLETED_FIELDS)
+
+    def refused(self, record: ExecutionRecord) -> None:
+        self._append("refused", record, DECIDED_FIELDS + COMPLETED_FIELDS)
+
+    def _append(self, kind: str, record: ExecutionRecord, fields: tuple[str, ...], status: str | None = None) -> None:
+        clean = self.redactor.apply(record)
+        event = {"kind": kind, "record_id": clean.record_id, **{k: getattr(clean, k) for k in fields}}
+        if status:
+            event["status"] = status
+        if isinstance(event.get("answer"), str) and len(event["answer"]) > EXCERPT_BYTES:
+            event["answer"] = event["answer"][:EXCERPT_BYTES] + f"... ({len(event['answer']) - EXCERPT_BYTES} more)"
+        body = canonical(event)
+        for _ in range(5):  # another writer took the head: retry on the new one
+            try:
+                with self._lock:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    try:
+                        row = self._db.execute("SELECT hash FROM audit_events ORDER BY seq DESC LIMIT 1").fetchone()
+                        prev = row[0] if row else GENESIS
+                        self._db.execute(
+                            "INSERT INTO audit_events (record_id, kind, time, tool, agent, status, body, prev_hash, "
+                            "hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            (clean.record_id, kind, clean.time, clean.tool, clean.agent, event["status"], body,
+                             prev, chain_hash(prev, body)))
+                        self._db.execute("COMMIT")
+                        return
+                    except BaseException:
+                        self._db.execute("ROLLBACK")
+                        raise
+            except sqlite3.IntegrityError:
+                continue
+            except sqlite3.Error as exc:
+                raise AuditError(f"the audit record could not be written: {exc}") from exc
+        raise AuditError("the audit record could not be written: the chain's head kept moving")
+
+    # -- reading ------------------------------------------------------------------------
+
+    def events(self, *, since: float | None = None, tool: str | None = None, status: str | None = None,
+               agent: str | None = None, after_seq: int = 0) -> list[dict[str, Any]]:
+        query = "SELECT seq, body FROM audit_events WHERE seq > ?"
+        params: list[Any] = [after_seq]
+        for column, value in (("tool", tool), ("status", status), ("agent", agent)):
+            if value is not None:
+                query += f" AND {column} = ?"
+                params.append(value)
+        if since is not None:
+            query += " AND time >= ?"
+            params.append(since)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY seq", params).fetchall()
+        return [{"seq": seq, **orjson.loads(body)} for seq, body in rows]
+
+    def records(self, **filters: Any) -> list[dict[str, Any]]:
+        """One row per call: its events merged (a call's outcome joins its decision)."""
+        merged: dict[str, dict[str, Any]] = {}
+        for event in self.events(**{k: v for k, v in filters.items() if k != "status"}):
+            merged.setdefault(event["record_id"], {}).update(event)
+        rows = list(merged.values())
+        if filters.get("status"):
+            rows = [r for r in rows if r.get("status") == filters["status"]]
+        return rows
+
+    def record(self, record_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            rows = self._db.execute("SELECT body FROM audit_events WHERE record_id = ? ORDER BY seq",
+                                    (record_id,)).fetchall()
+        if not rows:
+            return None
+        merged: dict[str, Any] = {}
+        for (body,) in rows:
+            merged.update(orjson.loads(body))
+        return merged
+
+    def verify(self) -> tuple[bool, str]:
+        """Walk the chain from the start: (intact, what was found)."""
+        prev = GENESIS
+        count = 0
+        with self._lock:
+            rows = self._db.execute("SELECT seq, record_id, body, prev_hash, hash FROM audit_events "
+                                    "ORDER BY seq").fetchall()
+        for seq, record_id, body, prev_hash, stored in rows:
+            if prev_hash != prev:
+                return False, f"event {seq} (record {record_id}) does not follow the event before it"
+            if chain_hash(prev_hash, body) != stored:
+                return False, f"event {seq} (record {record_id}) was altered: its content does not match its hash"
+            prev = stored
+            count += 1
+        return True, f"{count} events, chain intact, head {prev[:16]}"
+
+    def export(self, fmt: str, **filters: Any) -> str:
+        rows = self.records(**filters)
+        if fmt == "jsonl":
+            return "".join(orjson.dumps(row, option=orjson.OPT_SORT_KEYS).decode() + "\n" for row in rows)
+        out = io.StringIO()
+        columns = sorted({key for row in rows for key in row})
+        writer = csv.DictWriter(out, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (orjson.dumps(v).decode() if isinstance(v, (dict, list)) else v)
+                             for k, v in row.items()})
+        return out.getvalue()
+
+    def follow(self, poll: float = 0.5) -> Iterator[dict[str, Any]]:
+        last = 0
+        while True:
+            for event in self.events(after_seq=last):
+                last = event["seq"]
+                yield event
+            time.sleep(poll)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+DECIDED_FIELDS = ("version", "time", "request_id", "agent", "tool", "runner", "call_id", "arguments_sent",
+                  "arguments", "argv", "decision", "decision_source", "decision_reason", "decision_rule",
+                  "policy_revision", "decision_id", "policy_input", "consent", "approver", "redacted")
+COMPLETED_FIELDS = ("status", "exit_code", "trap", "duration_ms", "output_bytes", "output_sha256", "answer")

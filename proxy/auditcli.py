@@ -1,0 +1,70 @@
+"""`toolkeeper audit`: what the agents ran, who allowed it, and what came out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from proxy.audit import SQLiteAudit
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def since(text: str | None) -> float | None:
+    if not text:
+        return None
+    match = re.fullmatch(r"(\d+)([smhdw])", text.strip())
+    if not match:
+        raise SystemExit(f"toolkeeper: --since is a number and a unit, like 7d, 12h or 30m; got {text!r}")
+    return time.time() - int(match.group(1)) * UNITS[match.group(2)]
+
+
+def line(record: dict) -> str:
+    when = datetime.fromtimestamp(record.get("time", 0)).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    decided = record.get("decision") or "-"
+    by = record.get("decision_rule") or record.get("decision_source") or "-"
+    duration = f"{record.get('duration_ms') or 0:.1f} ms"
+    return (f"{record['record_id']}  {when}  {record.get('status', '?'):<8} {record.get('tool', '?'):<16} "
+            f"{decided}/{by:<22} {duration:>10}  agent {record.get('agent', '')}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not Path(args.db).exists():
+        print(f"toolkeeper: no audit database at {args.db}", file=sys.stderr)
+        return 2
+    audit = SQLiteAudit(args.db)
+    try:
+        if args.audit_command == "verify":
+            intact, what = audit.verify()
+            print(("intact: " if intact else "TAMPERED: ") + what)
+            return 0 if intact else 1
+        if args.audit_command == "show":
+            record = audit.record(args.id)
+            if record is None:
+                print(f"toolkeeper: no record {args.id}", file=sys.stderr)
+                return 1
+            print(json.dumps(record, indent=2, ensure_ascii=False, sort_keys=True))
+            return 0
+        if args.audit_command == "tail":
+            try:
+                for event in audit.follow():
+                    record = audit.record(event["record_id"]) or event
+                    print(f"{event['kind']:<9} {line(record)}", flush=True)
+            except KeyboardInterrupt:
+                return 0
+        filters = {"since": since(args.since), "tool": args.tool, "status": args.status, "agent": args.agent}
+        if args.audit_command == "export":
+            sys.stdout.write(audit.export(args.format, **filters))
+            return 0
+        records = audit.records(**filters)
+        for record in records:
+            print(line(record))
+        print(f"{len(records)} records")
+        return 0
+    finally:
+        audit.close()

@@ -1,0 +1,239 @@
+"""The audit trail: a record per call, written before it runs, chained, redacted, readable."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import ROOT, call, fresh, serving, user, write_agent
+
+from proxy.audit import SQLiteAudit
+from proxy.records import ExecutionRecord
+
+AGENT = """
+    upstream: http://127.0.0.1:9/v1
+    yolo: true
+    tools:
+      - name: lookup
+        description: Look a word up.
+        parameters:
+          word: {type: string, description: "The word."}
+        command: ["{python}", "{tools}/record.py", "lookup", "{{word}}"]
+        env: {OUT: "{out}"}
+      - name: count
+        description: Count.
+        parameters:
+          n: {type: integer, description: "How many."}
+        command: ["{python}", "{tools}/record.py", "count", "{{n}}"]
+        env: {OUT: "{out}"}
+      - name: fail
+        description: Fail.
+        parameters:
+          why: {type: string, description: "Why."}
+        command: ["{python}", "{tools}/fail.py", "{{why}}"]
+      - name: hang
+        description: Hang.
+        parameters:
+          tag: {type: string, description: "A tag."}
+        command: ["{python}", "{tools}/hang.py", "{{tag}}"]
+        env: {PIDS: "{pids}"}
+        timeout: 0.5
+      - name: authenticate
+        description: Log in to a service.
+        parameters:
+          user: {type: string, description: "Who."}
+          api_token: {type: string, description: "The token."}
+        command: ["{python}", "{tools}/record.py", "auth", "{{user}}", "--token={{api_token}}"]
+        env: {OUT: "{out}"}
+"""
+
+
+@pytest.fixture(scope="module")
+def audit_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("audit")
+    write_agent(directory, AGENT, pids=str(directory / "pids"))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tk_audit_server(scripted, audit_dir):
+    with serving(scripted, audit_dir) as running:
+        yield running
+
+
+@pytest.fixture
+def tku(tk_audit_server):
+    yield from fresh(tk_audit_server)
+
+
+def audit_cli(audit_dir, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "proxy", "audit", "--db", str(audit_dir / "toolkeeper-audit.sqlite3"),
+                           *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def run_call(scripted, tk, name: str, arguments: dict) -> None:
+    scripted.script({"tool_calls": [call(name, arguments)]}, {"content": "ok"})
+    tk.client().chat.completions.create(model="m", messages=user())
+
+
+def last_record(audit_dir, tool: str) -> dict:
+    exported = audit_cli(audit_dir, "export", "--tool", tool).stdout
+    return json.loads(exported.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(("tool", "arguments", "status", "expected"), [
+    ("lookup", {"word": "fjord"}, "ok", {"exit_code": 0, "argv_tail": ["lookup", "fjord"], "decision": "allow"}),
+    ("fail", {"why": "disk full"}, "failed", {"exit_code": 3, "decision": "allow"}),
+    ("count", {"n": "three"}, "invalid", {"decision": ""}),  # never reached a decision
+    ("lookup", {"word": "/home/me/.ssh/id_rsa"}, "denied", {"decision": "deny", "decision_rule": "credentials-never"}),
+    ("hang", {"tag": "audited"}, "timeout", {"exit_code": None, "decision": "allow"}),
+])
+def test_a_record_for_every_outcome(scripted, tku, audit_dir, tool, arguments, status, expected):
+    run_call(scripted, tku, tool, arguments)
+    record = last_record(audit_dir, tool)
+    assert record["status"] == status
+    assert record["arguments_sent"] == arguments  # parsed, so secret-named fields can be redacted
+    assert record["agent"] and "sk-test-agent" not in json.dumps(record)
+    assert record["runner"] == "argv" and record["call_id"] and record["request_id"]
+    if "argv_tail" in expected:
+        assert record["argv"][-2:] == expected["argv_tail"]
+        assert record["output_bytes"] > 0 and len(record["output_sha256"]) == 64
+    for key in ("exit_code", "decision", "decision_rule"):
+        if key in expected:
+            assert record.get(key) == expected[key], key
+    if status in ("ok", "failed", "timeout"):
+        assert record["kind"] == "completed" and record["duration_ms"] > 0
+        assert record["policy_input"]["tool"]["name"] == tool
+    else:
+        assert record["kind"] == "refused"
+
+
+def test_no_record_no_run(scripted, tku, audit_dir):
+    holder = sqlite3.connect(audit_dir / "toolkeeper-audit.sqlite3", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another writer holds the audit database
+    try:
+        scripted.script({"tool_calls": [call("lookup", {"word": "locked"})]}, {"content": "{tool_result}"})
+        answer = tku.client().chat.completions.create(model="m", messages=user()).choices[0].message.content
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert answer.startswith("Not run: lookup could not be recorded in the audit trail")
+    assert tku.calls() == []
+    run_call(scripted, tku, "lookup", {"word": "unlocked"})  # and once it is free, calls run and are recorded
+    assert tku.calls() == [["lookup", "unlocked"]]
+    assert last_record(audit_dir, "lookup")["argv"][-1] == "unlocked"
+
+
+def test_a_secret_argument_never_reaches_the_record(scripted, tku, audit_dir):
+    run_call(scripted, tku, "authenticate", {"user": "ada", "api_token": "tok-9f8e7d6c5b4a"})
+    assert tku.calls() == [["auth", "ada", "--token=tok-9f8e7d6c5b4a"]]  # the tool got it
+    record = last_record(audit_dir, "authenticate")
+    assert record["arguments"]["api_token"] == "[redacted]"
+    assert record["argv"][-1] == "--token=[redacted]"
+    assert record["policy_input"]["arguments"]["api_token"] == "[redacted]"
+    assert record["redacted"] == ["arguments.api_token", "arguments_sent.api_token"]
+    database = (audit_dir / "toolkeeper-audit.sqlite3").read_bytes()
+    wal = audit_dir / "toolkeeper-audit.sqlite3-wal"
+    database += wal.read_bytes() if wal.exists() else b""
+    assert b"tok-9f8e7d6c5b4a" not in database
+    assert b"sk-test-agent" not in database  # nor the agent's key
+
+
+def test_list_show_and_filters(scripted, tku, audit_dir):
+    run_call(scripted, tku, "lookup", {"word": "listed"})
+    listing = audit_cli(audit_dir, "list", "--since", "1h", "--tool", "lookup")
+    assert listing.returncode == 0
+    record_id = listing.stdout.strip().splitlines()[-2].split()[0]
+    assert "lookup" in listing.stdout and " ok " in listing.stdout
+    assert audit_cli(audit_dir, "list", "--status", "denied").stdout.count("credentials-never") >= 1
+    shown = json.loads(audit_cli(audit_dir, "show", record_id).stdout)
+    assert shown["record_id"] == record_id and shown["argv"][-1] == "listed"
+    assert audit_cli(audit_dir, "show", "nope").returncode == 1
+
+
+def test_export_round_trips(scripted, tku, audit_dir):
+    run_call(scripted, tku, "lookup", {"word": "exported"})
+    lines = [json.loads(line) for line in audit_cli(audit_dir, "export").stdout.splitlines()]
+    rows = list(csv.DictReader(io.StringIO(audit_cli(audit_dir, "export", "--format", "csv").stdout)))
+    assert len(rows) == len(lines) > 0
+    for row, record in zip(rows, lines, strict=True):
+        assert row["record_id"] == record["record_id"] and row["status"] == record["status"]
+        if isinstance(record.get("argv"), list):
+            assert json.loads(row["argv"]) == record["argv"]
+
+
+def test_tail_follows_new_records(scripted, tku, audit_dir):
+    tail = subprocess.Popen([sys.executable, "-m", "proxy", "audit", "--db", str(audit_dir / "toolkeeper-audit.sqlite3"),
+                             "tail"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        time.sleep(1.0)
+        run_call(scripted, tku, "lookup", {"word": "tailed"})
+        seen = ""
+        deadline = time.monotonic() + 15
+        while "tailed" not in seen and time.monotonic() < deadline:
+            line = tail.stdout.readline()
+            seen += line
+            if "lookup" in line and "completed" in line:
+                break
+        assert "completed" in seen and "lookup" in seen
+    finally:
+        tail.kill()
+        tail.wait()
+        tail.stdout.close()
+
+
+def test_verify_finds_a_tampered_record(tmp_path):
+    path = tmp_path / "audit.sqlite3"
+    audit = SQLiteAudit(path)
+    for word in ("a", "b", "c"):
+        record = ExecutionRecord(tool="lookup", runner="argv", call_id="c", status="ok", argv=["lookup", word])
+        audit.decided(record)
+        audit.completed(record)
+    assert audit.verify() == (True, audit.verify()[1]) and audit.verify()[0]
+    audit.close()
+    run = subprocess.run([sys.executable, "-m", "proxy", "audit", "--db", str(path), "verify"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=60)
+    assert run.returncode == 0 and run.stdout.startswith("intact: 6 events")
+    db = sqlite3.connect(path)
+    body = db.execute("SELECT body FROM audit_events WHERE seq = 3").fetchone()[0]
+    db.execute("UPDATE audit_events SET body = ? WHERE seq = 3", (body.replace(b'"b"', b'"x"'),))
+    db.commit()
+    db.close()
+    run = subprocess.run([sys.executable, "-m", "proxy", "audit", "--db", str(path), "verify"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=60)
+    assert run.returncode == 1
+    assert "TAMPERED: event 3" in run.stdout and "was altered" in run.stdout
+
+
+def test_a_deleted_record_breaks_the_chain(tmp_path):
+    audit = SQLiteAudit(tmp_path / "audit.sqlite3")
+    for word in ("a", "b", "c"):
+        audit.refused(ExecutionRecord(tool="lookup", runner="argv", call_id="c", status="invalid", argv=[word]))
+    audit._db.execute("DELETE FROM audit_events WHERE seq = 2")
+    intact, what = audit.verify()
+    assert not intact and "event 3" in what and "does not follow" in what
+
+
+def test_concurrent_writers_never_fork_the_chain(tmp_path):
+    path = tmp_path / "audit.sqlite3"
+    writers = [SQLiteAudit(path) for _ in range(4)]  # like replicas sharing one database
+
+    def write(audit: SQLiteAudit, n: int) -> None:
+        for i in range(25):
+            audit.refused(ExecutionRecord(tool="t", runner="argv", call_id=f"{n}-{i}", status="invalid"))
+
+    threads = [threading.Thread(target=write, args=(w, n)) for n, w in enumerate(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    intact, what = writers[0].verify()
+    assert intact, what
+    assert what.startswith("100 events")
