@@ -24,6 +24,7 @@ import orjson
 from aiohttp import web
 
 from proxy.engine import Engine, Event, TurnContext, TurnResult, Visible, Working
+from proxy.metrics import Metrics
 from proxy.upstream import Upstream, UpstreamError, error_body
 
 log = logging.getLogger("toolkeeper")
@@ -58,13 +59,22 @@ def check_request(body: Any) -> str | None:
 
 class ChatCompletions:
     def __init__(self, engine: Engine, upstream: Upstream, *, keepalive: float = 5.0,
-                 identity_header: str | None = None):
+                 identity_header: str | None = None, metrics: Metrics | None = None):
         self.engine = engine
         self.upstream = upstream
         self.keepalive = keepalive
         self.identity_header = identity_header  # set by the deployment, read by policies
+        self.metrics = metrics
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        response = await self._handle(request)
+        if self.metrics is not None:
+            self.metrics.count("toolkeeper_requests_total", "Chat requests answered, by streaming and status.",
+                               stream=str(response.content_type == "text/event-stream").lower(),
+                               code=str(response.status))
+        return response
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         try:
             body = orjson.loads(raw)

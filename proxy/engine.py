@@ -16,6 +16,7 @@ keeps what the agent sees apart from the hidden exchange it did not.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -33,6 +34,7 @@ from proxy.discovery import (
     search_answer,
 )
 from proxy.history import History
+from proxy.metrics import Metrics
 from proxy.rounds import Round, ToolCall, add_usage
 from proxy.schemas import tool_schema
 
@@ -129,11 +131,12 @@ class _Turn:
 
 class Engine:
     def __init__(self, agent: Agent, calls: DeclaredCalls, *, history: History | None = None,
-                 max_rounds: int = MAX_ROUNDS):
+                 max_rounds: int = MAX_ROUNDS, metrics: Metrics | None = None):
         self.agent = agent
         self.calls = calls
         self.history = history
         self.max_rounds = max_rounds
+        self.metrics = metrics
         style = agent.config.schema_style
         self.schemas = {name: tool_schema(tool.spec, style) for name, tool in agent.tools.items()}
         self.index = ToolIndex(agent.tools.values())
@@ -180,6 +183,7 @@ class Engine:
                 body.pop("parallel_tool_calls", None)
             body["messages"] = messages + hidden
             last = None
+            started = time.monotonic()
             async for event in model.round(body):
                 if isinstance(event, Round):
                     last = event
@@ -189,6 +193,10 @@ class Engine:
                     yield event
             if last is None:
                 raise RuntimeError("the model adapter ended a round without a result")
+            if self.metrics is not None:
+                self.metrics.count("toolkeeper_model_rounds_total", "Model rounds: one upstream call each.")
+                self.metrics.observe("toolkeeper_upstream_seconds", "One model round, request to last byte.",
+                                     time.monotonic() - started)
             turn.usage = add_usage(turn.usage, last.usage)
             turn.head = turn.head or last.head
             declared = [call for call in last.tool_calls if call.name in hidden_names]

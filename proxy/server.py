@@ -22,6 +22,7 @@ from proxy.chat import ChatCompletions
 from proxy.consent import Consent, NoConsent, TerminalConsent, has_terminal
 from proxy.engine import Engine
 from proxy.history import DEFAULT_TTL, History
+from proxy.metrics import Metrics
 from proxy.opa import OpaPolicy
 from proxy.policy import Policy
 from proxy.records import Observer
@@ -69,6 +70,7 @@ def build_app(
     token), none, or auto (the terminal when there is one, else approvals when a token is set)."""
     store = SQLiteStore(store_path or default_store_path(agent))
     audit = SQLiteAudit(audit_path or default_audit_path(agent))
+    metrics = Metrics()
     approvals = None
     if consent is None:
         if consent_mode == "auto":
@@ -92,10 +94,15 @@ def build_app(
         consent=consent,
         policy=Policy(agent.config.yolo if yolo is None else yolo, rules, opa),
         store=store,
-        observers=observers,
+        observers=[metrics.record, *observers],
         audit=audit,
     )
-    engine = Engine(agent, calls, history=history)
+    engine = Engine(agent, calls, history=history, metrics=metrics)
+    metrics.counted_elsewhere(
+        "toolkeeper_history_restorations_total",
+        "Assistant messages given back their hidden exchange (hit), or whose exchange was not found: "
+        "expired or edited history (miss).",
+        lambda: {(("outcome", outcome),): float(history.counts[outcome]) for outcome in ("hit", "miss")})
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
     api_key = os.environ[agent.config.api_key_env] if agent.config.api_key_env else None
 
@@ -106,7 +113,8 @@ def build_app(
         async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
             upstream = Upstream(agent.config.upstream, session, api_key=api_key, read_timeout=read_timeout)
             app[UPSTREAM_KEY] = upstream
-            app[CHAT_KEY] = ChatCompletions(engine, upstream, keepalive=keepalive, identity_header=identity_header)
+            app[CHAT_KEY] = ChatCompletions(engine, upstream, keepalive=keepalive, identity_header=identity_header,
+                                            metrics=metrics)
             yield
         if opa is not None:
             await opa.close()
@@ -121,20 +129,32 @@ def build_app(
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "tools": sorted(agent.tools)})
 
-    async def metrics(request: web.Request) -> web.Response:
-        lines = ["# HELP toolkeeper_history_restorations_total Assistant messages given back their hidden "
-                 "exchange (hit), or that had one no longer found (miss: expired or edited history).",
-                 "# TYPE toolkeeper_history_restorations_total counter"]
-        for outcome in ("hit", "miss"):
-            lines.append(f'toolkeeper_history_restorations_total{{outcome="{outcome}"}} {history.counts[outcome]}')
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+    async def metrics_page(request: web.Request) -> web.Response:
+        return web.Response(text=metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def readyz(request: web.Request) -> web.Response:
+        """Ready when the stores answer and the upstream client is up."""
+        problems = []
+        try:
+            store.get_call_result("readyz")
+        except Exception as exc:
+            problems.append(f"store: {exc}")
+        try:
+            audit.events(after_seq=2**62)
+        except Exception as exc:
+            problems.append(f"audit: {exc}")
+        if UPSTREAM_KEY not in request.app:
+            problems.append("upstream client not started")
+        body = {"ready": not problems, "problems": problems}
+        return web.json_response(body, status=200 if not problems else 503)
 
     for path in CHAT_PATHS:
         app.router.add_post(path, chat)
     app.router.add_get("/healthz", healthz)
     if admin_token:
         add_admin_routes(app, store, admin_token, approvals)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics", metrics_page)
+    app.router.add_get("/readyz", readyz)
     app.router.add_route("*", "/{tail:.*}", passthrough)
     return app
 

@@ -237,3 +237,42 @@ def test_concurrent_writers_never_fork_the_chain(tmp_path):
     intact, what = writers[0].verify()
     assert intact, what
     assert what.startswith("100 events")
+
+
+def scrape(tk) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(tk.base_url[: -len("/v1")] + "/metrics", timeout=10) as answer:
+        return answer.read().decode()
+
+
+def value(text: str, series: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_count_a_real_run(scripted, tku):
+    before = scrape(tku)
+    run_call(scripted, tku, "lookup", {"word": "metered"})
+    after = scrape(tku)
+    ok = 'toolkeeper_declared_calls_total{status="ok",tool="lookup"}'
+    assert value(after, ok) == value(before, ok) + 1
+    answered = 'toolkeeper_requests_total{code="200",stream="false"}'
+    assert value(after, answered) == value(before, answered) + 1
+    assert value(after, "toolkeeper_model_rounds_total") == value(before, "toolkeeper_model_rounds_total") + 2
+    assert value(after, 'toolkeeper_decisions_total{effect="allow",source="yolo"}') >= 1
+    assert value(after, 'toolkeeper_tool_seconds_count{tool="lookup"}') >= 1
+    assert 'toolkeeper_upstream_seconds_bucket{le="+Inf"}' in after
+    assert "# TYPE toolkeeper_tool_seconds histogram" in after
+
+
+def test_readyz_and_healthz(tku):
+    import urllib.request
+
+    root = tku.base_url[: -len("/v1")]
+    with urllib.request.urlopen(root + "/readyz", timeout=10) as answer:
+        assert json.loads(answer.read()) == {"ready": True, "problems": []}
+    with urllib.request.urlopen(root + "/healthz", timeout=10) as answer:
+        assert json.loads(answer.read())["status"] == "ok"
