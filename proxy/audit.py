@@ -51,16 +51,17 @@ EXCERPT_BYTES = 1024
 # before it is refused: the call is held up, never run unrecorded.
 LOCK_WAIT = 2.0
 
+# One schema, two dialects: the column types are the only difference.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit_events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq {serial},
     record_id TEXT NOT NULL,
     kind TEXT NOT NULL,            -- decided | completed | refused
-    time REAL NOT NULL,
+    time {real} NOT NULL,
     tool TEXT NOT NULL,
     agent TEXT NOT NULL,
     status TEXT NOT NULL,
-    body BLOB NOT NULL,            -- the event's canonical JSON: what the hash covers
+    body {blob} NOT NULL,          -- the event's canonical JSON: what the hash covers
     prev_hash TEXT NOT NULL UNIQUE,
     hash TEXT NOT NULL
 );
@@ -124,15 +125,24 @@ def _erase(text: str, secrets: list[str]) -> str:
     return text
 
 
-class SQLiteAudit:
-    def __init__(self, path: str | Path, redactor: Redactor | None = None):
-        self.path = str(path)
+class SQLAudit:
+    """The trail over a DB-API connection; SQLiteAudit and PostgresAudit give the connection and dialect."""
+
+    begin = "BEGIN"
+    lock_chain: str | None = None  # a statement that makes appends take turns, where BEGIN alone does not
+    conflict: tuple[type[Exception], ...] = ()  # another writer took the head
+    failure: tuple[type[Exception], ...] = ()  # the database cannot take the write
+
+    def __init__(self, connection: Any, redactor: Redactor | None = None, placeholder: str = "?"):
+        self._db = connection
         self.redactor = redactor or Redactor()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=LOCK_WAIT)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        self._placeholder = placeholder
         self._lock = threading.Lock()
+
+    def _execute(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        if self._placeholder != "?":
+            sql = sql.replace("?", self._placeholder)
+        return self._db.execute(sql, tuple(params))
 
     # -- writing ------------------------------------------------------------------------
 
@@ -154,26 +164,28 @@ class SQLiteAudit:
         if isinstance(event.get("answer"), str) and len(event["answer"]) > EXCERPT_BYTES:
             event["answer"] = event["answer"][:EXCERPT_BYTES] + f"... ({len(event['answer']) - EXCERPT_BYTES} more)"
         body = canonical(event)
-        for _ in range(5):  # another writer took the head: retry on the new one
+        for _ in range(20):  # another writer took the head: retry on the new one
             try:
                 with self._lock:
-                    self._db.execute("BEGIN IMMEDIATE")
+                    self._execute(self.begin)
                     try:
-                        row = self._db.execute("SELECT hash FROM audit_events ORDER BY seq DESC LIMIT 1").fetchone()
+                        if self.lock_chain:
+                            self._execute(self.lock_chain)
+                        row = self._execute("SELECT hash FROM audit_events ORDER BY seq DESC LIMIT 1").fetchone()
                         prev = row[0] if row else GENESIS
-                        self._db.execute(
+                        self._execute(
                             "INSERT INTO audit_events (record_id, kind, time, tool, agent, status, body, prev_hash, "
                             "hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                             (clean.record_id, kind, clean.time, clean.tool, clean.agent, event["status"], body,
                              prev, chain_hash(prev, body)))
-                        self._db.execute("COMMIT")
+                        self._execute("COMMIT")
                         return
                     except BaseException:
-                        self._db.execute("ROLLBACK")
+                        self._execute("ROLLBACK")
                         raise
-            except sqlite3.IntegrityError:
+            except self.conflict:
                 continue
-            except sqlite3.Error as exc:
+            except self.failure as exc:
                 raise AuditError(f"the audit record could not be written: {exc}") from exc
         raise AuditError("the audit record could not be written: the chain's head kept moving")
 
@@ -191,8 +203,8 @@ class SQLiteAudit:
             query += " AND time >= ?"
             params.append(since)
         with self._lock:
-            rows = self._db.execute(query + " ORDER BY seq", params).fetchall()
-        return [{"seq": seq, **orjson.loads(body)} for seq, body in rows]
+            rows = self._execute(query + " ORDER BY seq", params).fetchall()
+        return [{"seq": seq, **orjson.loads(bytes(body))} for seq, body in rows]
 
     def records(self, **filters: Any) -> list[dict[str, Any]]:
         """One row per call: its events merged (a call's outcome joins its decision)."""
@@ -206,13 +218,13 @@ class SQLiteAudit:
 
     def record(self, record_id: str) -> dict[str, Any] | None:
         with self._lock:
-            rows = self._db.execute("SELECT body FROM audit_events WHERE record_id = ? ORDER BY seq",
-                                    (record_id,)).fetchall()
+            rows = self._execute("SELECT body FROM audit_events WHERE record_id = ? ORDER BY seq",
+                                 (record_id,)).fetchall()
         if not rows:
             return None
         merged: dict[str, Any] = {}
         for (body,) in rows:
-            merged.update(orjson.loads(body))
+            merged.update(orjson.loads(bytes(body)))
         return merged
 
     def verify(self) -> tuple[bool, str]:
@@ -220,9 +232,10 @@ class SQLiteAudit:
         prev = GENESIS
         count = 0
         with self._lock:
-            rows = self._db.execute("SELECT seq, record_id, body, prev_hash, hash FROM audit_events "
-                                    "ORDER BY seq").fetchall()
+            rows = self._execute("SELECT seq, record_id, body, prev_hash, hash FROM audit_events "
+                                 "ORDER BY seq").fetchall()
         for seq, record_id, body, prev_hash, stored in rows:
+            body = body.encode() if isinstance(body, str) else bytes(body)  # a tampered row may change type
             if prev_hash != prev:
                 return False, f"event {seq} (record {record_id}) does not follow the event before it"
             if chain_hash(prev_hash, body) != stored:
@@ -255,6 +268,56 @@ class SQLiteAudit:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+class SQLiteAudit(SQLAudit):
+    begin = "BEGIN IMMEDIATE"  # take the write lock before reading the head
+    conflict = (sqlite3.IntegrityError,)
+    failure = (sqlite3.Error,)
+
+    def __init__(self, path: str | Path, redactor: Redactor | None = None):
+        self.path = str(path)
+        connection = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=LOCK_WAIT)
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=FULL")
+        connection.executescript(SCHEMA.format(serial="INTEGER PRIMARY KEY AUTOINCREMENT", real="REAL", blob="BLOB"))
+        super().__init__(connection, redactor)
+
+
+class PostgresAudit(SQLAudit):
+    """The trail in PostgreSQL, shared by several replicas.
+
+    Appends take turns on a transaction-scoped advisory lock, so replicas never
+    race for the chain's head; the unique previous hash is the safety net.
+    """
+
+    lock_chain = "SELECT pg_advisory_xact_lock(7335001)"
+
+    def __init__(self, url: str, redactor: Redactor | None = None):
+        import psycopg  # only for deployments that use it
+
+        self.path = url
+        self.conflict = (psycopg.errors.UniqueViolation,)
+        self.failure = (psycopg.Error,)
+        try:
+            connection = psycopg.connect(url, autocommit=True, connect_timeout=5)
+            connection.execute(f"SET lock_timeout = '{int(LOCK_WAIT * 1000)}ms'")
+            connection.execute(SCHEMA.format(serial="BIGSERIAL PRIMARY KEY", real="DOUBLE PRECISION", blob="BYTEA"))
+        except psycopg.Error as exc:
+            raise AuditError(f"cannot open the audit trail at {_without_password(url)}: {exc}") from exc
+        super().__init__(connection, redactor, placeholder="%s")
+
+
+def open_audit(location: str | Path) -> SQLAudit:
+    """A path is an SQLite file; a postgresql:// URL a PostgreSQL database."""
+    text = str(location)
+    if text.startswith(("postgresql://", "postgres://")):
+        return PostgresAudit(text)
+    return SQLiteAudit(text)
+
+
+def _without_password(url: str) -> str:
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
 
 
 DECIDED_FIELDS = ("version", "time", "request_id", "agent", "tool", "runner", "call_id", "arguments_sent",

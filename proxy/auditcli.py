@@ -10,7 +10,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from proxy.audit import SQLiteAudit
+from proxy.audit import AuditError, open_audit
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -34,10 +34,15 @@ def line(record: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not Path(args.db).exists():
+    postgres = args.db.startswith(("postgresql://", "postgres://"))
+    if not postgres and not Path(args.db).exists():
         print(f"toolkeeper: no audit database at {args.db}", file=sys.stderr)
         return 2
-    audit = SQLiteAudit(args.db)
+    try:
+        audit = open_audit(args.db)
+    except AuditError as exc:
+        print(f"toolkeeper: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.audit_command == "verify":
             intact, what = audit.verify()

@@ -23,7 +23,7 @@ import orjson
 
 from proxy.agentfile import DeclaredTool
 from proxy.arguments import check_arguments, invalid_call_answer, parse_arguments
-from proxy.audit import AuditError, SQLiteAudit
+from proxy.audit import AuditError, SQLAudit
 from proxy.consent import Consent, ConsentRequest
 from proxy.policy import Decision, Policy, policy_input
 from proxy.records import CallStatus, ExecutionRecord, Observer
@@ -65,7 +65,7 @@ class Outcome:
 class DeclaredCalls:
     def __init__(self, *, runners: Mapping[str, Runner], consent: Consent, policy: Policy,
                  store: Store | None = None, observers: Iterable[Observer] = (), retry_window: float = RETRY_WINDOW,
-                 audit: SQLiteAudit | None = None):
+                 audit: SQLAudit | None = None):
         self.runners = runners  # by the tool's runner: "argv", "wasm"
         self.consent = consent
         self.policy = policy

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.agentfile import AgentFileError, load_agent_file
 from proxy.approvals import TOKEN_VARIABLE, answer_command, list_command
+from proxy.audit import AuditError
 from proxy.opa import OpaPolicy
 from proxy.rules import RulesError, default_rules_path, load_rules
 
@@ -37,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="seconds between SSE keep-alive comments while a tool runs (default 5)")
     serve.add_argument("--store", help="the SQLite file for hidden history and retries "
                        "(default: toolkeeper.sqlite3 next to the agent file)")
-    serve.add_argument("--audit", help="the SQLite file of the audit trail (default: toolkeeper-audit.sqlite3 "
-                       "next to the agent file)")
+    serve.add_argument("--audit", help="the audit trail: an SQLite file (default: toolkeeper-audit.sqlite3 next "
+                       "to the agent file) or a postgresql:// URL, shared by several replicas")
     serve.add_argument("--history-ttl", type=float, default=24 * 3600,
                        help="seconds a hidden exchange is kept for the agent's next request (default 86400)")
     serve.add_argument("--policy", help="the security team's rules (YAML); default: the shipped "
@@ -76,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     deny.add_argument("--as", dest="approver", help="who denies (default: your user name)")
 
     audit = commands.add_parser("audit", help="read the audit trail: list, show, tail, export, verify")
-    audit.add_argument("--db", required=True, help="the audit database (toolkeeper-audit.sqlite3 next to the "
-                       "agent file, or serve's --audit)")
+    audit.add_argument("--db", required=True, help="the audit trail: serve's --audit (an SQLite file, "
+                       "toolkeeper-audit.sqlite3 next to the agent file by default, or a postgresql:// URL)")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True)
     listing = audit_commands.add_parser("list", help="recent executions, one line each")
     for sub in (listing, audit_commands.add_parser("export", help="every record, as JSON lines or CSV")):
@@ -161,7 +162,7 @@ async def _serve(agent, rules, opa, args) -> int:
                         history_ttl=args.history_ttl, rules=rules, opa=opa, identity_header=args.identity_header,
                         admin_token=os.environ.get(TOKEN_VARIABLE) or None, consent_mode=args.consent,
                         consent_timeout=args.consent_timeout, audit_path=args.audit)
-    except ValueError as exc:
+    except (ValueError, AuditError) as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
     # handler_cancellation: an agent that disconnects cancels its turn, and with

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from proxy.agentfile import Agent
 from proxy.approvals import TOKEN_VARIABLE, ApprovalsConsent, add_admin_routes
-from proxy.audit import SQLiteAudit
+from proxy.audit import open_audit
 from proxy.calls import DeclaredCalls
 from proxy.chat import ChatCompletions
 from proxy.consent import Consent, NoConsent, TerminalConsent, has_terminal
@@ -69,7 +69,7 @@ def build_app(
     """The app. Consent: `consent` if given; else by `consent_mode`: terminal, approvals (needs the admin
     token), none, or auto (the terminal when there is one, else approvals when a token is set)."""
     store = SQLiteStore(store_path or default_store_path(agent))
-    audit = SQLiteAudit(audit_path or default_audit_path(agent))
+    audit = open_audit(audit_path or default_audit_path(agent))
     metrics = Metrics()
     approvals = None
     if consent is None:

@@ -270,6 +270,24 @@ def call(name: str, arguments, call_id: str | None = None) -> dict:
     return entry
 
 
+POSTGRES = "postgresql://127.0.0.1:5432/test"
+
+
+@contextlib.contextmanager
+def postgres_schema():
+    """A fresh schema in the local PostgreSQL (.ci/run starts it), dropped afterwards: its URL."""
+    import psycopg
+
+    schema = f"tk_{os.getpid()}_{next(_schemas)}"
+    with psycopg.connect(POSTGRES, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+        try:
+            yield f"{POSTGRES}?options=-csearch_path%3D{schema}"
+        finally:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+_schemas = itertools.count(1)
 _asked = itertools.count(1)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -10,11 +11,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
+import orjson
 import pytest
-from conftest import ROOT, call, fresh, serving, user, write_agent
+from conftest import ROOT, call, fresh, postgres_schema, serving, user, write_agent
 
-from proxy.audit import SQLiteAudit
+from proxy.audit import open_audit
 from proxy.records import ExecutionRecord
 
 AGENT = """
@@ -55,16 +58,31 @@ AGENT = """
 """
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def backend(request, tmp_path_factory):
+    """Where the trail lives: every test here runs on both stores."""
+    if request.param == "sqlite":
+        yield request.param, str(tmp_path_factory.mktemp("audit-db") / "audit.sqlite3")
+    else:
+        with postgres_schema() as url:
+            yield request.param, url
+
+
 @pytest.fixture(scope="module")
-def audit_dir(tmp_path_factory):
+def audit_dir(tmp_path_factory, backend):
     directory = tmp_path_factory.mktemp("audit")
     write_agent(directory, AGENT, pids=str(directory / "pids"))
+    directory.joinpath("db").write_text(backend[1])
     return directory
+
+
+def location(audit_dir) -> str:
+    return audit_dir.joinpath("db").read_text()
 
 
 @pytest.fixture(scope="module")
 def tk_audit_server(scripted, audit_dir):
-    with serving(scripted, audit_dir) as running:
+    with serving(scripted, audit_dir, "--audit", location(audit_dir)) as running:
         yield running
 
 
@@ -74,8 +92,43 @@ def tku(tk_audit_server):
 
 
 def audit_cli(audit_dir, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "proxy", "audit", "--db", str(audit_dir / "toolkeeper-audit.sqlite3"),
-                           *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "proxy", "audit", "--db", location(audit_dir), *args],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+@contextlib.contextmanager
+def audit_locked(audit_dir):
+    """Another writer holds the audit database."""
+    where = location(audit_dir)
+    if where.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(where) as holder:
+            holder.execute("LOCK TABLE audit_events IN ACCESS EXCLUSIVE MODE")
+            yield
+            holder.rollback()
+    else:
+        holder = sqlite3.connect(where, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+
+
+def stored_bytes(audit_dir) -> bytes:
+    """Everything the trail holds, as bytes: to look for what must never be there."""
+    where = location(audit_dir)
+    if where.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(where) as db:
+            rows = db.execute("SELECT record_id, tool, agent, body, hash FROM audit_events").fetchall()
+        return b"\n".join(b"|".join(v if isinstance(v, bytes) else str(v).encode() for v in row) for row in rows)
+    data = Path(where).read_bytes()
+    wal = Path(where + "-wal")
+    return data + (wal.read_bytes() if wal.exists() else b"")
 
 
 def run_call(scripted, tk, name: str, arguments: dict) -> None:
@@ -116,14 +169,9 @@ def test_a_record_for_every_outcome(scripted, tku, audit_dir, tool, arguments, s
 
 
 def test_no_record_no_run(scripted, tku, audit_dir):
-    holder = sqlite3.connect(audit_dir / "toolkeeper-audit.sqlite3", isolation_level=None)
-    holder.execute("BEGIN EXCLUSIVE")  # another writer holds the audit database
-    try:
+    with audit_locked(audit_dir):
         scripted.script({"tool_calls": [call("lookup", {"word": "locked"})]}, {"content": "{tool_result}"})
         answer = tku.client().chat.completions.create(model="m", messages=user()).choices[0].message.content
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
     assert answer.startswith("Not run: lookup could not be recorded in the audit trail")
     assert tku.calls() == []
     run_call(scripted, tku, "lookup", {"word": "unlocked"})  # and once it is free, calls run and are recorded
@@ -139,14 +187,14 @@ def test_a_secret_argument_never_reaches_the_record(scripted, tku, audit_dir):
     assert record["argv"][-1] == "--token=[redacted]"
     assert record["policy_input"]["arguments"]["api_token"] == "[redacted]"
     assert record["redacted"] == ["arguments.api_token", "arguments_sent.api_token"]
-    database = (audit_dir / "toolkeeper-audit.sqlite3").read_bytes()
-    wal = audit_dir / "toolkeeper-audit.sqlite3-wal"
-    database += wal.read_bytes() if wal.exists() else b""
+    database = stored_bytes(audit_dir)
+    assert b"lookup" in database  # (the bytes are there to be searched)
     assert b"tok-9f8e7d6c5b4a" not in database
     assert b"sk-test-agent" not in database  # nor the agent's key
 
 
 def test_list_show_and_filters(scripted, tku, audit_dir):
+    run_call(scripted, tku, "lookup", {"word": "/etc/shadow"})  # denied by the default policy
     run_call(scripted, tku, "lookup", {"word": "listed"})
     listing = audit_cli(audit_dir, "list", "--since", "1h", "--tool", "lookup")
     assert listing.returncode == 0
@@ -170,8 +218,8 @@ def test_export_round_trips(scripted, tku, audit_dir):
 
 
 def test_tail_follows_new_records(scripted, tku, audit_dir):
-    tail = subprocess.Popen([sys.executable, "-m", "proxy", "audit", "--db", str(audit_dir / "toolkeeper-audit.sqlite3"),
-                             "tail"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    tail = subprocess.Popen([sys.executable, "-m", "proxy", "audit", "--db", location(audit_dir), "tail"],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         time.sleep(1.0)
         run_call(scripted, tku, "lookup", {"word": "tailed"})
@@ -189,9 +237,39 @@ def test_tail_follows_new_records(scripted, tku, audit_dir):
         tail.stdout.close()
 
 
-def test_verify_finds_a_tampered_record(tmp_path):
-    path = tmp_path / "audit.sqlite3"
-    audit = SQLiteAudit(path)
+@contextlib.contextmanager
+def fresh_trail(kind: str, tmp_path):
+    if kind == "sqlite":
+        yield str(tmp_path / "audit.sqlite3")
+    else:
+        with postgres_schema() as url:
+            yield url
+
+
+def tamper(where: str, sql: str, params=()) -> None:
+    if where.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(where, autocommit=True) as db:
+            db.execute(sql.replace("?", "%s"), params)
+    else:
+        db = sqlite3.connect(where)
+        db.execute(sql, params)
+        db.commit()
+        db.close()
+
+
+STORES = pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+
+
+@STORES
+def test_verify_finds_a_tampered_record(tmp_path, kind):
+    with fresh_trail(kind, tmp_path) as where:
+        _tampered(where)
+
+
+def _tampered(path):
+    audit = open_audit(path)
     for word in ("a", "b", "c"):
         record = ExecutionRecord(tool="lookup", runner="argv", call_id="c", status="ok", argv=["lookup", word])
         audit.decided(record)
@@ -201,31 +279,41 @@ def test_verify_finds_a_tampered_record(tmp_path):
     run = subprocess.run([sys.executable, "-m", "proxy", "audit", "--db", str(path), "verify"], capture_output=True,
                          text=True, cwd=ROOT, timeout=60)
     assert run.returncode == 0 and run.stdout.startswith("intact: 6 events")
-    db = sqlite3.connect(path)
-    body = db.execute("SELECT body FROM audit_events WHERE seq = 3").fetchone()[0]
-    db.execute("UPDATE audit_events SET body = ? WHERE seq = 3", (body.replace(b'"b"', b'"x"'),))
-    db.commit()
-    db.close()
+    reader = open_audit(path)
+    events = reader.events()
+    reader.close()
+    target = events[2]["seq"]
+    altered = orjson.dumps({k: v for k, v in events[2].items() if k != "seq"}, option=orjson.OPT_SORT_KEYS)
+    tamper(str(path), "UPDATE audit_events SET body = ? WHERE seq = ?", (altered.replace(b'"b"', b'"x"'), target))
     run = subprocess.run([sys.executable, "-m", "proxy", "audit", "--db", str(path), "verify"], capture_output=True,
                          text=True, cwd=ROOT, timeout=60)
     assert run.returncode == 1
-    assert "TAMPERED: event 3" in run.stdout and "was altered" in run.stdout
+    assert f"TAMPERED: event {target}" in run.stdout and "was altered" in run.stdout
 
 
-def test_a_deleted_record_breaks_the_chain(tmp_path):
-    audit = SQLiteAudit(tmp_path / "audit.sqlite3")
-    for word in ("a", "b", "c"):
-        audit.refused(ExecutionRecord(tool="lookup", runner="argv", call_id="c", status="invalid", argv=[word]))
-    audit._db.execute("DELETE FROM audit_events WHERE seq = 2")
-    intact, what = audit.verify()
-    assert not intact and "event 3" in what and "does not follow" in what
+@STORES
+def test_a_deleted_record_breaks_the_chain(tmp_path, kind):
+    with fresh_trail(kind, tmp_path) as where:
+        audit = open_audit(where)
+        for word in ("a", "b", "c"):
+            audit.refused(ExecutionRecord(tool="lookup", runner="argv", call_id="c", status="invalid", argv=[word]))
+        seqs = [event["seq"] for event in audit.events()]
+        tamper(where, "DELETE FROM audit_events WHERE seq = ?", (seqs[1],))
+        intact, what = audit.verify()
+        audit.close()
+        assert not intact and f"event {seqs[2]}" in what and "does not follow" in what
 
 
-def test_concurrent_writers_never_fork_the_chain(tmp_path):
-    path = tmp_path / "audit.sqlite3"
-    writers = [SQLiteAudit(path) for _ in range(4)]  # like replicas sharing one database
+@STORES
+def test_concurrent_writers_never_fork_the_chain(tmp_path, kind):
+    with fresh_trail(kind, tmp_path) as where:
+        _concurrent(where)
 
-    def write(audit: SQLiteAudit, n: int) -> None:
+
+def _concurrent(path):
+    writers = [open_audit(path) for _ in range(4)]  # like replicas sharing one database
+
+    def write(audit, n: int) -> None:
         for i in range(25):
             audit.refused(ExecutionRecord(tool="t", runner="argv", call_id=f"{n}-{i}", status="invalid"))
 
@@ -235,6 +323,8 @@ def test_concurrent_writers_never_fork_the_chain(tmp_path):
     for thread in threads:
         thread.join()
     intact, what = writers[0].verify()
+    for writer in writers:
+        writer.close()
     assert intact, what
     assert what.startswith("100 events")
 
