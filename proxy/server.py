@@ -17,6 +17,7 @@ from aiohttp import web
 from proxy.agentfile import Agent
 from proxy.approvals import TOKEN_VARIABLE, ApprovalsConsent, add_admin_routes
 from proxy.audit import open_audit
+from proxy.auditpage import add_audit_page
 from proxy.calls import DeclaredCalls
 from proxy.chat import ChatCompletions
 from proxy.consent import Consent, NoConsent, TerminalConsent, has_terminal
@@ -153,6 +154,7 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     if admin_token:
         add_admin_routes(app, store, admin_token, approvals)
+        add_audit_page(app, audit, admin_token)
     app.router.add_get("/metrics", metrics_page)
     app.router.add_get("/readyz", readyz)
     app.router.add_route("*", "/{tail:.*}", passthrough)

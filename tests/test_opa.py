@@ -41,7 +41,8 @@ def opa():
 def set_mode(opa, mode: str) -> None:
     request = urllib.request.Request(opa.url + "/_mode", data=json.dumps({"mode": mode}).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(request, timeout=10).read()
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        answer.read()
 
 
 @pytest.fixture(scope="module")
