@@ -2,8 +2,9 @@
 
 1. In process: write N records as toolkeeper does (a `decided` event before
    the run, a `completed` one after it), to an SQLite file with the
-   durability toolkeeper uses (WAL, synchronous=FULL), then to memory: records
-   per second and latency per record.
+   durability toolkeeper uses (WAL, synchronous=FULL), to the local PostgreSQL
+   (its default durability: synchronous_commit=on), and to memory: records per
+   second and latency per record.
 2. Through toolkeeper: the same declared call (`/bin/true`) with the audit on
    disk and with the audit in memory (no fsync), p50 of each, in the same run.
 
@@ -30,12 +31,31 @@ import overhead  # noqa: E402
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy.audit import SQLiteAudit  # noqa: E402
+from proxy.audit import open_audit  # noqa: E402
+
+POSTGRES = "postgresql://127.0.0.1:5432/test"
+
+
+def postgres_records(count: int) -> tuple[float, float, float] | None:
+    """The same in a scratch schema of the local PostgreSQL; None when it does not run."""
+    import psycopg
+
+    schema = f"tk_bench_{int(time.time())}"
+    try:
+        admin = psycopg.connect(POSTGRES, autocommit=True, connect_timeout=3)
+    except psycopg.Error:
+        return None
+    with admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+        try:
+            return write_records(f"{POSTGRES}?options=-csearch_path%3D{schema}", count)
+        finally:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
 from proxy.records import ExecutionRecord  # noqa: E402
 
 
 def write_records(path: str, count: int) -> tuple[float, float, float]:
-    audit = SQLiteAudit(path)
+    audit = open_audit(path)
     times = []
     started = time.perf_counter()
     for i in range(count):
@@ -91,10 +111,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as directory:
         disk = write_records(str(Path(directory) / "audit.sqlite3"), count)
     memory = write_records(":memory:", count)
+    postgres = postgres_records(count)
     print(f"audit records (decided + completed), {count} each\n")
     print(f"{'store':<40}{'records/s':>10}{'p50 ms':>9}{'p99 ms':>9}")
-    print(f"{'SQLite file, WAL, synchronous=FULL':<40}{disk[0]:>10.0f}{disk[1] * 1e3:>9.3f}{disk[2] * 1e3:>9.3f}")
-    print(f"{'SQLite in memory (no durability)':<40}{memory[0]:>10.0f}{memory[1] * 1e3:>9.3f}{memory[2] * 1e3:>9.3f}")
+    rows = [("SQLite file, WAL, synchronous=FULL", disk), ("PostgreSQL 127.0.0.1, synchronous_commit=on", postgres),
+            ("SQLite in memory (no durability)", memory)]
+    for name, figures in rows:
+        if figures is None:
+            print(f"{name:<40}{'(not running)':>28}")
+        else:
+            print(f"{name:<40}{figures[0]:>10.0f}{figures[1] * 1e3:>9.3f}{figures[2] * 1e3:>9.3f}")
     on_disk, in_memory = asyncio.run(through_toolkeeper(150 if quick else 1000))
     print(f"\na declared call (/bin/true) through toolkeeper, p50: audit on disk {on_disk * 1e3:.3f} ms, "
           f"in memory {in_memory * 1e3:.3f} ms: the durable record adds {(on_disk - in_memory) * 1e3:.3f} ms")

@@ -308,12 +308,12 @@ class PostgresAudit(SQLAudit):
         super().__init__(connection, redactor, placeholder="%s")
 
 
-def open_audit(location: str | Path) -> SQLAudit:
+def open_audit(location: str | Path, redactor: Redactor | None = None) -> SQLAudit:
     """A path is an SQLite file; a postgresql:// URL a PostgreSQL database."""
     text = str(location)
     if text.startswith(("postgresql://", "postgres://")):
-        return PostgresAudit(text)
-    return SQLiteAudit(text)
+        return PostgresAudit(text, redactor)
+    return SQLiteAudit(text, redactor)
 
 
 def _without_password(url: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -34,6 +35,7 @@ def line(record: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    args.db = getattr(args, "db", None) or os.environ.get("TOOLKEEPER_AUDIT") or "toolkeeper-audit.sqlite3"
     postgres = args.db.startswith(("postgresql://", "postgres://"))
     if not postgres and not Path(args.db).exists():
         print(f"toolkeeper: no audit database at {args.db}", file=sys.stderr)

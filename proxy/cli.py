@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
                        "(default: toolkeeper.sqlite3 next to the agent file)")
     serve.add_argument("--audit", help="the audit trail: an SQLite file (default: toolkeeper-audit.sqlite3 next "
                        "to the agent file) or a postgresql:// URL, shared by several replicas")
+    serve.add_argument("--redact", action="append", metavar="PATTERN",
+                       help="redact argument values whose names contain PATTERN before they reach the audit trail "
+                       "(repeatable; default: key, token, secret, password, authorization)")
     serve.add_argument("--history-ttl", type=float, default=24 * 3600,
                        help="seconds a hidden exchange is kept for the agent's next request (default 86400)")
     serve.add_argument("--policy", help="the security team's rules (YAML); default: the shipped "
@@ -76,20 +79,25 @@ def main(argv: list[str] | None = None) -> int:
     deny.add_argument("--reason", help="what the model is told")
     deny.add_argument("--as", dest="approver", help="who denies (default: your user name)")
 
-    audit = commands.add_parser("audit", help="read the audit trail: list, show, tail, export, verify")
-    audit.add_argument("--db", required=True, help="the audit trail: serve's --audit (an SQLite file, "
-                       "toolkeeper-audit.sqlite3 next to the agent file by default, or a postgresql:// URL)")
+    trail = argparse.ArgumentParser(add_help=False)
+    trail.add_argument("--db", default=argparse.SUPPRESS,
+                       help="the audit trail: serve's --audit (an SQLite file, or a postgresql:// URL); default "
+                       "$TOOLKEEPER_AUDIT, else ./toolkeeper-audit.sqlite3")
+    audit = commands.add_parser("audit", parents=[trail],
+                                help="read the audit trail: list, show, tail, export, verify")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True)
-    listing = audit_commands.add_parser("list", help="recent executions, one line each")
-    for sub in (listing, audit_commands.add_parser("export", help="every record, as JSON lines or CSV")):
+    listing = audit_commands.add_parser("list", parents=[trail], help="recent executions, one line each")
+    for sub in (listing, audit_commands.add_parser("export", parents=[trail],
+                                                   help="every record, as JSON lines or CSV")):
         sub.add_argument("--since", help="like 7d, 12h, 30m")
         sub.add_argument("--tool")
         sub.add_argument("--status", choices=["ok", "failed", "invalid", "denied", "timeout", "running"])
         sub.add_argument("--agent")
     audit_commands.choices["export"].add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
-    audit_commands.add_parser("show", help="one execution in full").add_argument("id")
-    audit_commands.add_parser("tail", help="follow new records as they are written")
-    audit_commands.add_parser("verify", help="walk the hash chain; name the first record that does not match")
+    audit_commands.add_parser("show", parents=[trail], help="one execution in full").add_argument("id")
+    audit_commands.add_parser("tail", parents=[trail], help="follow new records as they are written")
+    audit_commands.add_parser("verify", parents=[trail],
+                              help="walk the hash chain; name the first record that does not match")
 
     policy = commands.add_parser("policy", help="test the security team's rules before they ship")
     policy_commands = policy.add_subparsers(dest="policy_command", required=True)
@@ -161,7 +169,7 @@ async def _serve(agent, rules, opa, args) -> int:
         app = build_app(agent, read_timeout=args.read_timeout, keepalive=args.keepalive, store_path=args.store,
                         history_ttl=args.history_ttl, rules=rules, opa=opa, identity_header=args.identity_header,
                         admin_token=os.environ.get(TOKEN_VARIABLE) or None, consent_mode=args.consent,
-                        consent_timeout=args.consent_timeout, audit_path=args.audit)
+                        consent_timeout=args.consent_timeout, audit_path=args.audit, redact=args.redact)
     except (ValueError, AuditError) as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2

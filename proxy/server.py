@@ -16,7 +16,7 @@ from aiohttp import web
 
 from proxy.agentfile import Agent
 from proxy.approvals import TOKEN_VARIABLE, ApprovalsConsent, add_admin_routes
-from proxy.audit import open_audit
+from proxy.audit import Redactor, open_audit
 from proxy.auditpage import add_audit_page
 from proxy.calls import DeclaredCalls
 from proxy.chat import ChatCompletions
@@ -66,11 +66,12 @@ def build_app(
     consent_mode: str = "auto",
     consent_timeout: float = 300,
     audit_path: str | Path | None = None,
+    redact: list[str] | None = None,
 ) -> web.Application:
     """The app. Consent: `consent` if given; else by `consent_mode`: terminal, approvals (needs the admin
     token), none, or auto (the terminal when there is one, else approvals when a token is set)."""
     store = SQLiteStore(store_path or default_store_path(agent))
-    audit = open_audit(audit_path or default_audit_path(agent))
+    audit = open_audit(audit_path or default_audit_path(agent), Redactor(redact) if redact else None)
     metrics = Metrics()
     approvals = None
     if consent is None:

@@ -6,6 +6,7 @@ import contextlib
 import csv
 import io
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -53,7 +54,8 @@ AGENT = """
         parameters:
           user: {type: string, description: "Who."}
           api_token: {type: string, description: "The token."}
-        command: ["{python}", "{tools}/record.py", "auth", "{{user}}", "--token={{api_token}}"]
+          passphrase: {type: string, required: false, description: "A configured pattern."}
+        command: ["{python}", "{tools}/record.py", "auth", "{{user}}", "--token={{api_token}}", "--pass={{passphrase}}"]
         env: {OUT: "{out}"}
 """
 
@@ -82,7 +84,8 @@ def location(audit_dir) -> str:
 
 @pytest.fixture(scope="module")
 def tk_audit_server(scripted, audit_dir):
-    with serving(scripted, audit_dir, "--audit", location(audit_dir)) as running:
+    patterns = ("--redact", "token", "--redact", "secret", "--redact", "passphrase")
+    with serving(scripted, audit_dir, "--audit", location(audit_dir), *patterns) as running:
         yield running
 
 
@@ -92,8 +95,9 @@ def tku(tk_audit_server):
 
 
 def audit_cli(audit_dir, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "proxy", "audit", "--db", location(audit_dir), *args],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    """`toolkeeper audit COMMAND ...`, the trail named by $TOOLKEEPER_AUDIT as an auditor would set it."""
+    return subprocess.run([sys.executable, "-m", "proxy", "audit", *args], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env={**os.environ, "TOOLKEEPER_AUDIT": location(audit_dir)})
 
 
 @contextlib.contextmanager
@@ -180,16 +184,18 @@ def test_no_record_no_run(scripted, tku, audit_dir):
 
 
 def test_a_secret_argument_never_reaches_the_record(scripted, tku, audit_dir):
-    run_call(scripted, tku, "authenticate", {"user": "ada", "api_token": "tok-9f8e7d6c5b4a"})
-    assert tku.calls() == [["auth", "ada", "--token=tok-9f8e7d6c5b4a"]]  # the tool got it
+    run_call(scripted, tku, "authenticate", {"user": "ada", "api_token": "tok-9f8e7d6c5b4a", "passphrase": "open-sesame"})
+    assert tku.calls() == [["auth", "ada", "--token=tok-9f8e7d6c5b4a", "--pass=open-sesame"]]  # the tool got them
     record = last_record(audit_dir, "authenticate")
     assert record["arguments"]["api_token"] == "[redacted]"
-    assert record["argv"][-1] == "--token=[redacted]"
+    assert record["argv"][-2:] == ["--token=[redacted]", "--pass=[redacted]"]
     assert record["policy_input"]["arguments"]["api_token"] == "[redacted]"
-    assert record["redacted"] == ["arguments.api_token", "arguments_sent.api_token"]
+    assert record["arguments"]["user"] == "ada"  # what matches no pattern stays
+    assert record["redacted"] == ["arguments.api_token", "arguments.passphrase", "arguments_sent.api_token",
+                                  "arguments_sent.passphrase"]
     database = stored_bytes(audit_dir)
     assert b"lookup" in database  # (the bytes are there to be searched)
-    assert b"tok-9f8e7d6c5b4a" not in database
+    assert b"tok-9f8e7d6c5b4a" not in database and b"open-sesame" not in database
     assert b"sk-test-agent" not in database  # nor the agent's key
 
 
