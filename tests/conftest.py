@@ -116,6 +116,16 @@ def write_agent(directory: Path, body: str, **values: str) -> Path:
     return path
 
 
+# A declared tool that records its argv: the entry several suites' agent files share.
+LOOKUP = """
+      - name: lookup
+        description: Look a word up.
+        parameters:
+          word: {type: string, description: "The word."}
+        command: ["{python}", "{tools}/record.py", "lookup", "{{word}}"]
+        env: {OUT: "{out}"}
+"""
+
 # One agent file with a tool for each behaviour the suites exercise.
 STANDARD_AGENT = """
     upstream: http://127.0.0.1:9/v1

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import ROOT, call, fresh, postgres_schema, serving, user, write_agent
+from conftest import LOOKUP, ROOT, call, fresh, postgres_schema, serving, user, write_agent
 
 from proxy.audit import open_audit
 from proxy.records import ExecutionRecord
@@ -25,13 +25,7 @@ AGENT = """
     upstream: http://127.0.0.1:9/v1
     yolo: true
     tools:
-      - name: lookup
-        description: Look a word up.
-        parameters:
-          word: {type: string, description: "The word."}
-        command: ["{python}", "{tools}/record.py", "lookup", "{{word}}"]
-        env: {OUT: "{out}"}
-      - name: count
+""" + LOOKUP + """      - name: count
         description: Count.
         parameters:
           n: {type: integer, description: "How many."}

@@ -6,7 +6,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import Toolkeeper, call, start_toolkeeper, user, write_agent
+from conftest import LOOKUP, Toolkeeper, call, start_toolkeeper, user, write_agent
 
 TOKEN = "audit-page-token-31c9"
 CHROMIUM = "/usr/bin/chromium"  # Debian's; .ci/run installs it
@@ -16,13 +16,7 @@ AGENT = """
     upstream: http://127.0.0.1:9/v1
     yolo: true
     tools:
-      - name: lookup
-        description: Look a word up.
-        parameters:
-          word: {type: string, description: "The word."}
-        command: ["{python}", "{tools}/record.py", "lookup", "{{word}}"]
-        env: {OUT: "{out}"}
-"""
+""" + LOOKUP
 
 
 @pytest.fixture(scope="module")

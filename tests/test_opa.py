@@ -9,19 +9,13 @@ import time
 import urllib.request
 
 import pytest
-from conftest import ROOT, Process, Toolkeeper, call, fresh, start_toolkeeper, user, write_agent
+from conftest import LOOKUP, ROOT, Process, Toolkeeper, call, fresh, start_toolkeeper, user, write_agent
 
 AGENT = """
     upstream: http://127.0.0.1:9/v1
     yolo: true
     tools:
-      - name: lookup
-        description: Look a word up.
-        parameters:
-          word: {type: string, description: "The word."}
-        command: ["{python}", "{tools}/record.py", "lookup", "{{word}}"]
-        env: {OUT: "{out}"}
-      - name: force_push
+""" + LOOKUP + """      - name: force_push
         description: Force-push a branch.
         parameters:
           branch: {type: string, description: "The branch."}
