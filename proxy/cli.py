@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import sqlite3
 import sys
 from datetime import datetime
 
@@ -172,6 +173,10 @@ async def _serve(agent, rules, opa, args) -> int:
                         consent_timeout=args.consent_timeout, audit_path=args.audit, redact=args.redact)
     except (ValueError, AuditError) as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
+        return 2
+    except sqlite3.Error as exc:
+        print(f"toolkeeper: cannot open a database: {exc} (the store and the audit trail live next to the "
+              "agent file unless --store and --audit say where)", file=sys.stderr)
         return 2
     # handler_cancellation: an agent that disconnects cancels its turn, and with
     # it the running tool (its process group is killed).

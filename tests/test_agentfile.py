@@ -138,3 +138,13 @@ def test_schema_styles(tmp_path):
     assert standard["properties"]["channel"] == {"type": "string", "description": "Where.", "enum": ["stable", "beta"]}
     assert standard["properties"]["count"] == {"type": "integer", "description": "How many.", "minimum": 1,
                                                "maximum": 9, "default": 1}
+
+
+def test_serve_says_when_it_cannot_open_its_databases(tmp_path):
+    path = write_agent(tmp_path, "tools:\n" + GOOD_TOOL)
+    for flag in ("--store", "--audit"):
+        run = subprocess.run([sys.executable, "-m", "proxy", "serve", str(path), "--port", "0", flag,
+                              str(tmp_path / "missing" / "db.sqlite3")], capture_output=True, text=True, timeout=30)
+        assert run.returncode == 2
+        assert "cannot open a database: unable to open database file" in run.stderr
+        assert "Traceback" not in run.stderr
