@@ -129,6 +129,7 @@ class SQLAudit:
     """The trail over a DB-API connection; SQLiteAudit and PostgresAudit give the connection and dialect."""
 
     begin = "BEGIN"
+    remote = False  # writes wait on a network round trip: run them off the event loop
     lock_chain: str | None = None  # a statement that makes appends take turns, where BEGIN alone does not
     conflict: tuple[type[Exception], ...] = ()  # another writer took the head
     failure: tuple[type[Exception], ...] = ()  # the database cannot take the write
@@ -292,6 +293,7 @@ class PostgresAudit(SQLAudit):
     """
 
     lock_chain = "SELECT pg_advisory_xact_lock(7335001)"
+    remote = True
 
     def __init__(self, url: str, redactor: Redactor | None = None):
         import psycopg  # only for deployments that use it

@@ -15,7 +15,7 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +84,7 @@ class DeclaredCalls:
         record.answer = outcome.answer
         if self.audit is not None and not outcome.unrecorded:
             try:
-                (self.audit.completed if outcome.ran else self.audit.refused)(record)
+                await self._audit(self.audit.completed if outcome.ran else self.audit.refused, record)
             except AuditError:
                 log.exception("the audit trail lost the outcome of %s (record %s)", spec.name, record.record_id)
         log.info("declared call %s: %s (%s) in %.1f ms", spec.name, record.status, record.decision_source or "-",
@@ -160,7 +160,7 @@ class DeclaredCalls:
 
         if self.audit is not None:
             try:
-                self.audit.decided(record)  # no record, no run
+                await self._audit(self.audit.decided, record)  # no record, no run
             except AuditError as exc:
                 log.error("%s not run: %s", spec.name, exc)
                 record.status = "failed"
@@ -188,6 +188,13 @@ class DeclaredCalls:
         if memo_key and self.store is not None:
             self.store.put_call_result(memo_key, orjson.dumps([answer, record.status]).decode(), self.retry_window)
         return Outcome(answer, ran=True)
+
+    async def _audit(self, write: Callable[[ExecutionRecord], None], record: ExecutionRecord) -> None:
+        """A local SQLite write is quicker than a hop to a thread; a PostgreSQL one is not, and waits on the network."""
+        if self.audit is not None and self.audit.remote:
+            await asyncio.to_thread(write, record)
+        else:
+            write(record)
 
     async def _replay(self, memo_key: str) -> tuple[str, CallStatus] | None:
         if not memo_key:
