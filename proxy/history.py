@@ -105,11 +105,13 @@ class History:
         positions = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"]
         if not positions:
             return messages
-        keys = chain_keys(tenant, messages)
+        # The loose keys first (one hash per assistant message): most requests find
+        # nothing, and then the conversation's chained hash is never computed.
         loose = {i: loose_key(tenant, messages[i]) for i in positions}
         found = self.store.find_exchanges(list(set(loose.values())))
         if not found:
             return messages
+        keys = chain_keys(tenant, messages)
         restored: list[dict[str, Any]] = []
         i = 0
         while i < len(messages):
