@@ -88,6 +88,3 @@ class TerminalConsent:
 def has_terminal() -> bool:
     return sys.stdin is not None and sys.stdin.isatty()
 
-
-def default_consent() -> Consent:
-    return TerminalConsent() if has_terminal() else NoConsent()

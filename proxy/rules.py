@@ -33,8 +33,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from proxy.policy import Decision, most_restrictive
 from proxy.validation import describe, regex
 
-WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-
 
 class RulesError(Exception):
     """The rules file cannot be used; the message names the file, the rule and the key."""
