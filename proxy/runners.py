@@ -99,14 +99,16 @@ class Runner(Protocol):
     async def run(self, tool: DeclaredTool, argv: list[str], values: dict[str, Any]) -> RunResult: ...
 
 
-def tool_environment(tool: DeclaredTool) -> dict[str, str]:
-    """Only what the tool declares, plus a minimal PATH: no secret leaks in by default."""
-    env = {"PATH": minimal_path(tool.spec)}
+def declared_environment(tool: DeclaredTool) -> dict[str, str]:
+    """Only the variables the tool's entry gives (values, or names passed through): nothing else leaks in."""
     if isinstance(tool.spec.env, dict):
-        env.update(tool.spec.env)
-    else:
-        env.update({name: os.environ[name] for name in tool.spec.env if name in os.environ})
-    return env
+        return dict(tool.spec.env)
+    return {name: os.environ[name] for name in tool.spec.env if name in os.environ}
+
+
+def tool_environment(tool: DeclaredTool) -> dict[str, str]:
+    """A process also gets a minimal PATH (unless its entry gives one)."""
+    return {"PATH": minimal_path(tool.spec), **declared_environment(tool)}
 
 
 class ArgvRunner:

@@ -30,7 +30,7 @@ import orjson
 import wasmtime
 
 from proxy.agentfile import DeclaredTool
-from proxy.runners import OutputBuffer, RunResult
+from proxy.runners import OutputBuffer, RunResult, declared_environment
 
 TICK = 0.005  # seconds between epoch ticks: the resolution of the wall-time limit
 DEFAULT_MEMORY_MIB = 64
@@ -131,7 +131,7 @@ class WasmRunner:
         store.set_epoch_deadline(max(1, round(spec.timeout / TICK)))
         wasi = wasmtime.WasiConfig()
         wasi.argv = argv
-        wasi.env = list(wasm_environment(tool).items())
+        wasi.env = list(declared_environment(tool).items())  # no PATH: a module runs no programs
         wasi.stdout_custom = stdout.feed
         wasi.stderr_custom = stderr.feed
         for guest, mount in tool.mounts.items():
@@ -197,9 +197,3 @@ def shared_runner() -> WasmRunner:
         _shared = WasmRunner()
     return _shared
 
-
-def wasm_environment(tool: DeclaredTool) -> dict[str, str]:
-    """Only the variables the entry gives: no PATH, nothing of toolkeeper's own."""
-    if isinstance(tool.spec.env, dict):
-        return dict(tool.spec.env)
-    return {name: os.environ[name] for name in tool.spec.env if name in os.environ}
