@@ -44,13 +44,21 @@ RETRY_WINDOW = 60.0
 
 
 @dataclass
+class TurnContext:
+    """Who is asking: one agent request, as the protocol adapter saw it."""
+
+    request_id: str = ""
+    agent: str = ""  # a short hash of the credentials: for records and logs
+    tenant: str = ""  # the full hash of the credentials: whose stored history this is
+    request_key: str = ""  # the credentials and the exact body: a retried request has the same
+    agent_header: str | None = None  # the identity header the deployment sets, if it names one
+
+
+@dataclass
 class CallContext:
     """Who is calling, and the turn's memory of earlier calls."""
 
-    request_id: str = ""
-    agent: str = ""  # short hash of the credentials, for records and logs
-    request_key: str = ""  # hash of the credentials and the exact request body: a retry has the same
-    agent_header: str | None = None  # the identity header the deployment sets, if it names one
+    turn: TurnContext
     seen: Counter[str] = field(default_factory=Counter)
 
 
@@ -78,7 +86,7 @@ class DeclaredCalls:
     async def handle(self, call: ToolCall, tool: DeclaredTool, context: CallContext, *,
                      truncated: bool = False) -> Outcome:
         spec = tool.spec
-        record = ExecutionRecord(request_id=context.request_id, agent=context.agent, tool=spec.name,
+        record = ExecutionRecord(request_id=context.turn.request_id, agent=context.turn.agent, tool=spec.name,
                                  runner=spec.runner, call_id=call.id, arguments_sent=call.arguments, status="invalid")
         outcome = await self._handle(call, tool, context, truncated, record)
         record.answer = outcome.answer
@@ -132,7 +140,7 @@ class DeclaredCalls:
 
         # A retried request (the openai client retries twice by default) gets the
         # result of the call it already ran: a side effect happens once.
-        memo_key = _digest(context.request_key, signature, str(repeats)) if context.request_key else ""
+        memo_key = _digest(context.turn.request_key, signature, str(repeats)) if context.turn.request_key else ""
         replayed = await self._replay(memo_key)
         if replayed is not None:
             record.decision, record.decision_source = "allow", "retry"
@@ -140,15 +148,15 @@ class DeclaredCalls:
             record.answer, record.status = replayed
             return Outcome(replayed[0])
 
-        document = policy_input(tool, checked.values, argv, agent_id=context.agent,
-                                agent_header=context.agent_header, request_id=context.request_id,
+        document = policy_input(tool, checked.values, argv, agent_id=context.turn.agent,
+                                agent_header=context.turn.agent_header, request_id=context.turn.request_id,
                                 yolo=self.policy.yolo, interactive=getattr(self.consent, "can_ask", False))
         decision = await self.policy.decide(document)
         record.policy_input = document
         record.decision_rule, record.policy_revision = decision.rule_id, decision.revision
         record.decision_id = decision.decision_id
         if decision.effect == "ask":
-            decision = await self._ask(tool, checked.values, argv, record, context.agent)
+            decision = await self._ask(tool, checked.values, argv, record, context.turn.agent)
         record.decision, record.decision_source, record.decision_reason = (
             decision.effect, decision.source, decision.reason)
         if decision.effect != "allow":

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from proxy.agentfile import Agent, DeclaredTool
 from proxy.arguments import parse_arguments
-from proxy.calls import CallContext, DeclaredCalls, Outcome
+from proxy.calls import CallContext, DeclaredCalls, Outcome, TurnContext
 from proxy.discovery import (
     SEARCH_BUDGET,
     SEARCH_SCHEMA,
@@ -98,15 +98,6 @@ class Model(Protocol):
 
 
 @dataclass
-class TurnContext:
-    request_id: str = ""
-    agent: str = ""  # a short hash of the credentials: for records and logs
-    tenant: str = ""  # the full hash of the credentials: whose stored history this is
-    request_key: str = ""  # the credentials and the exact body: a retried request has the same
-    agent_header: str | None = None  # the identity header the deployment sets, if it names one
-
-
-@dataclass
 class _Turn:
     """What one agent turn accumulates across rounds."""
 
@@ -164,7 +155,7 @@ class Engine:
         agent_messages = list(request.get("messages") or [])
         messages = self.history.restore(context.tenant, agent_messages) if self.history else agent_messages
         agent_tools = list(request.get("tools") or [])
-        turn = _Turn(CallContext(context.request_id, context.agent, context.request_key, context.agent_header))
+        turn = _Turn(CallContext(context))
         searchable = {name for name, tool in active.items() if tool.spec.visibility == "discoverable"}
         can_search = bool(searchable) and SEARCH_TOOL not in {_tool_name(t) for t in agent_tools}
         # found in an earlier turn (the model called it), or no way to search: offered like an inline tool
