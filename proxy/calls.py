@@ -150,7 +150,7 @@ class DeclaredCalls:
 
         document = policy_input(tool, checked.values, argv, agent_id=context.turn.agent,
                                 agent_header=context.turn.agent_header, request_id=context.turn.request_id,
-                                yolo=self.policy.yolo, interactive=getattr(self.consent, "can_ask", False))
+                                yolo=self.policy.yolo, interactive=self.consent.can_ask)
         decision = await self.policy.decide(document)
         record.policy_input = document
         record.decision_rule, record.policy_revision = decision.rule_id, decision.revision
