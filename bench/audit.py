@@ -29,9 +29,8 @@ sys.path.insert(0, str(HERE))
 import overhead  # noqa: E402
 
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
 
-from proxy.audit import open_audit  # noqa: E402
+from toolkeeper.audit import ExecutionRecord, open_audit  # noqa: E402
 
 POSTGRES = "postgresql://127.0.0.1:5432/test"
 
@@ -51,7 +50,6 @@ def postgres_records(count: int) -> tuple[float, float, float] | None:
             return write_records(f"{POSTGRES}?options=-csearch_path%3D{schema}", count)
         finally:
             admin.execute(f"DROP SCHEMA {schema} CASCADE")
-from proxy.records import ExecutionRecord  # noqa: E402
 
 
 def write_records(path: str, count: int) -> tuple[float, float, float]:
@@ -83,7 +81,7 @@ async def through_toolkeeper(samples: int) -> tuple[float, float]:
     mock_url = f"http://127.0.0.1:{mock_port}/v1"
 
     def toolkeeper(port: int, audit: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "proxy", "serve", str(workdir / "agent.yaml"), "--port",
+        return subprocess.Popen([sys.executable, "-m", "toolkeeper", "serve", str(workdir / "agent.yaml"), "--port",
                                  str(port), "--upstream", mock_url, "--log-level", "WARNING", "--store", ":memory:",
                                  "--audit", audit], cwd=ROOT, stdout=subprocess.DEVNULL)
 

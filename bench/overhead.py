@@ -213,7 +213,7 @@ async def run(quick: bool) -> int:
     processes = [
         subprocess.Popen([*me, "--serve-mock", str(mock_port)]),
         subprocess.Popen([*me, "--serve-floor", str(floor_port), mock_url]),
-        subprocess.Popen([sys.executable, "-m", "proxy", "serve", str(agent), "--port", str(tk_port),
+        subprocess.Popen([sys.executable, "-m", "toolkeeper", "serve", str(agent), "--port", str(tk_port),
                           "--upstream", mock_url, "--log-level", "WARNING"], cwd=ROOT, stdout=subprocess.DEVNULL),
     ]
     urls = {"direct": mock_url, "floor": f"http://127.0.0.1:{floor_port}/v1",

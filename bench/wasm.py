@@ -53,15 +53,15 @@ def module_own_run(samples: int) -> float:
     """A fresh instance of the compiled module, run to its end, with no toolkeeper around it."""
     import wasmtime
 
-    from proxy.agentfile import load_agent_file
+    from toolkeeper.tools import load_agent_file
 
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "agent.yaml"
         path.write_text(AGENT % {"wasm": ROOT / "declared/example/wasm/word_count.wat"})
         agent = load_agent_file(path)
-    from proxy.wasm import shared_runner
+    from toolkeeper.runners import shared_wasm_runner
 
-    runner = shared_runner()
+    runner = shared_wasm_runner()
     runner.ticker.ensure_started()
     tool = agent.tools["word_count"]
     times = []
@@ -96,7 +96,7 @@ async def run(quick: bool) -> int:
     tk_url = f"http://127.0.0.1:{tk_port}/v1"
     processes = [
         subprocess.Popen([sys.executable, str(HERE / "overhead.py"), "--serve-mock", str(mock_port)]),
-        subprocess.Popen([sys.executable, "-m", "proxy", "serve", str(agent), "--port", str(tk_port),
+        subprocess.Popen([sys.executable, "-m", "toolkeeper", "serve", str(agent), "--port", str(tk_port),
                           "--upstream", mock_url, "--log-level", "WARNING", "--store", ":memory:"],
                          cwd=ROOT, stdout=subprocess.DEVNULL),
     ]

@@ -100,7 +100,7 @@ def _post(url: str, payload: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def scripted():
-    process = Process([sys.executable, "-m", "proxy.scripted", "--port", "0"], "listening on")
+    process = Process([sys.executable, "-m", "toolkeeper.wire.scripted", "--port", "0"], "listening on")
     yield Scripted(process)
     process.stop()
 
@@ -240,7 +240,7 @@ class Toolkeeper:
 
 
 def start_toolkeeper(agent_file: Path, upstream: str, *extra: str, env: dict[str, str] | None = None) -> Process:
-    return Process([sys.executable, "-m", "proxy", "serve", str(agent_file), "--port", "0", "--upstream", upstream,
+    return Process([sys.executable, "-m", "toolkeeper", "serve", str(agent_file), "--port", "0", "--upstream", upstream,
                     "--log-level", "WARNING", *extra], "toolkeeper listening on", env=env)
 
 

@@ -8,8 +8,7 @@ import sys
 import pytest
 from conftest import write_agent
 
-from proxy.agentfile import AgentFileError, load_agent_file
-from proxy.schemas import tool_schema
+from toolkeeper.tools import AgentFileError, load_agent_file, tool_schema
 
 GOOD_TOOL = """
       - name: greet
@@ -105,7 +104,7 @@ def test_api_key_env_must_be_set(tmp_path, monkeypatch):
 
 def test_serve_exits_non_zero_on_a_broken_file(tmp_path):
     path = write_agent(tmp_path, "tools:\n" + GOOD_TOOL.replace("{{who}}", "{{nobody}}"))
-    run = subprocess.run([sys.executable, "-m", "proxy", "serve", str(path), "--port", "0"],
+    run = subprocess.run([sys.executable, "-m", "toolkeeper", "serve", str(path), "--port", "0"],
                          capture_output=True, text=True, timeout=30)
     assert run.returncode == 2
     assert f"{path}: tool 'greet': key 'command': placeholder {{{{nobody}}}}" in run.stderr
@@ -143,7 +142,7 @@ def test_schema_styles(tmp_path):
 def test_serve_says_when_it_cannot_open_its_databases(tmp_path):
     path = write_agent(tmp_path, "tools:\n" + GOOD_TOOL)
     for flag in ("--store", "--audit"):
-        run = subprocess.run([sys.executable, "-m", "proxy", "serve", str(path), "--port", "0", flag,
+        run = subprocess.run([sys.executable, "-m", "toolkeeper", "serve", str(path), "--port", "0", flag,
                               str(tmp_path / "missing" / "db.sqlite3")], capture_output=True, text=True, timeout=30)
         assert run.returncode == 2
         assert "cannot open a database: unable to open database file" in run.stderr

@@ -35,7 +35,7 @@ AGENT = """
 def cli(tk: Toolkeeper, *args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:
     env = {**os.environ, "TOOLKEEPER_ADMIN_TOKEN": token or ""}
     root = tk.base_url[: -len("/v1")]
-    return subprocess.run([sys.executable, "-m", "proxy", *args, "--url", root], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "toolkeeper", *args, "--url", root], capture_output=True, text=True,
                           timeout=60, env=env, cwd=ROOT)
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.agentfile import Parameter, Tool
-from proxy.arguments import check_arguments, invalid_call_answer, parse_arguments
+from toolkeeper.tools import Parameter, ToolSpec, check_arguments, invalid_call_answer, parse_arguments
 
-TOOL = Tool(name="t", description="A tool.", command=("prog",), parameters={
+TOOL = ToolSpec(name="t", description="A tool.", command=("prog",), parameters={
     "n": Parameter(type="integer", minimum=1, maximum=10, description="How many."),
     "x": Parameter(type="number", required=False),
     "b": Parameter(type="boolean", required=False),

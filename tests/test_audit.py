@@ -18,8 +18,7 @@ import orjson
 import pytest
 from conftest import LOOKUP, ROOT, call, fresh, postgres_schema, serving, user, write_agent
 
-from proxy.audit import open_audit
-from proxy.records import ExecutionRecord
+from toolkeeper.audit import ExecutionRecord, open_audit
 
 AGENT = """
     upstream: http://127.0.0.1:9/v1
@@ -90,7 +89,7 @@ def tku(tk_audit_server):
 
 def audit_cli(audit_dir, *args: str) -> subprocess.CompletedProcess:
     """`toolkeeper audit COMMAND ...`, the trail named by $TOOLKEEPER_AUDIT as an auditor would set it."""
-    return subprocess.run([sys.executable, "-m", "proxy", "audit", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "toolkeeper", "audit", *args], capture_output=True, text=True,
                           timeout=60, cwd=ROOT, env={**os.environ, "TOOLKEEPER_AUDIT": location(audit_dir)})
 
 
@@ -218,7 +217,7 @@ def test_export_round_trips(scripted, tku, audit_dir):
 
 
 def test_tail_follows_new_records(scripted, tku, audit_dir):
-    tail = subprocess.Popen([sys.executable, "-m", "proxy", "audit", "--db", location(audit_dir), "tail"],
+    tail = subprocess.Popen([sys.executable, "-m", "toolkeeper", "audit", "--db", location(audit_dir), "tail"],
                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         time.sleep(1.0)
@@ -276,7 +275,7 @@ def _tampered(path):
         audit.completed(record)
     assert audit.verify() == (True, audit.verify()[1]) and audit.verify()[0]
     audit.close()
-    run = subprocess.run([sys.executable, "-m", "proxy", "audit", "--db", str(path), "verify"], capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "toolkeeper", "audit", "--db", str(path), "verify"], capture_output=True,
                          text=True, cwd=ROOT, timeout=60)
     assert run.returncode == 0 and run.stdout.startswith("intact: 6 events")
     reader = open_audit(path)
@@ -285,7 +284,7 @@ def _tampered(path):
     target = events[2]["seq"]
     altered = orjson.dumps({k: v for k, v in events[2].items() if k != "seq"}, option=orjson.OPT_SORT_KEYS)
     tamper(str(path), "UPDATE audit_events SET body = ? WHERE seq = ?", (altered.replace(b'"b"', b'"x"'), target))
-    run = subprocess.run([sys.executable, "-m", "proxy", "audit", "--db", str(path), "verify"], capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "toolkeeper", "audit", "--db", str(path), "verify"], capture_output=True,
                          text=True, cwd=ROOT, timeout=60)
     assert run.returncode == 1
     assert f"TAMPERED: event {target}" in run.stdout and "was altered" in run.stdout

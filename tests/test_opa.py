@@ -95,7 +95,7 @@ def test_every_opa_fault_is_a_deny(scripted, tko, opa, mode, cause):
 
 
 def test_policy_test_runs_the_shipped_scenarios_against_opa_too(opa):
-    run = subprocess.run([sys.executable, "-m", "proxy", "policy", "test", "policies/default_scenarios.yaml",
+    run = subprocess.run([sys.executable, "-m", "toolkeeper", "policy", "test", "policies/default_scenarios.yaml",
                           "--opa-url", opa.url], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"PASS [OPA {opa.url}] release notes naming an SSH key are denied, even in yolo: deny " \
@@ -104,7 +104,7 @@ def test_policy_test_runs_the_shipped_scenarios_against_opa_too(opa):
 
 
 def test_policy_explain_against_opa_names_rule_decision_and_bundle(opa):
-    run = subprocess.run([sys.executable, "-m", "proxy", "policy", "explain", "declared/example/agent.yaml",
+    run = subprocess.run([sys.executable, "-m", "toolkeeper", "policy", "explain", "declared/example/agent.yaml",
                           "read_note", "name=.env", "--opa-url", opa.url], capture_output=True, text=True,
                          timeout=60, cwd=ROOT)
     assert run.returncode == 0, run.stderr

@@ -10,8 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from conftest import ROOT, call, fresh, serving, user, write_agent
 
-from proxy.policy import Policy, policy_input
-from proxy.rules import RulesError, load_rules
+from toolkeeper.policy import Policy, RulesError, load_rules, policy_input
 
 
 class FakeSpec:
@@ -201,7 +200,7 @@ def test_the_default_policy_applies_when_serve_is_given_none(scripted, tk):
 # -- the command line ------------------------------------------------------------------
 
 def toolkeeper(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "proxy", *args], capture_output=True, text=True, timeout=60,
+    return subprocess.run([sys.executable, "-m", "toolkeeper", *args], capture_output=True, text=True, timeout=60,
                           cwd=cwd)
 
 

@@ -131,7 +131,7 @@ def test_without_a_consent_channel_a_gated_tool_is_denied(scripted, gated):
 
 
 def test_demo_runs_and_prints_the_argv(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "proxy", "demo"], capture_output=True, text=True, timeout=60,
+    run = subprocess.run([sys.executable, "-m", "toolkeeper", "demo"], capture_output=True, text=True, timeout=60,
                          cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     out = run.stdout

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.agentfile import Parameter
-from proxy.templates import CommandTemplate, RenderError, TemplateError
+from toolkeeper.tools import CommandTemplate, Parameter, RenderError, TemplateError
 
 PARAMS = {
     "version": Parameter(type="string"),

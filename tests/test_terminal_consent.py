@@ -32,7 +32,7 @@ class TerminalToolkeeper:
     def __init__(self, agent_file, upstream):
         self.master, slave = pty.openpty()
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "serve", str(agent_file), "--port", "0", "--upstream", upstream,
+            [sys.executable, "-m", "toolkeeper", "serve", str(agent_file), "--port", "0", "--upstream", upstream,
              "--log-level", "WARNING"],
             stdin=slave, stdout=subprocess.PIPE, stderr=slave, text=True, cwd=ROOT, start_new_session=True)
         os.close(slave)

@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import ROOT, call, fresh, serving, user, write_agent
 
-from proxy.agentfile import AgentFileError, load_agent_file
+from toolkeeper.tools import AgentFileError, load_agent_file
 
 WASM = ROOT / "tests" / "wasm"
 EXAMPLE = ROOT / "declared" / "example" / "wasm"
@@ -208,13 +208,14 @@ def test_records_carry_the_runner_argv_and_trap(scripted, wasm_dir):
     from aiohttp import web
     from openai import AsyncOpenAI
 
-    from proxy.server import build_app
+    from toolkeeper.app import build_app
+    from toolkeeper.settings import Settings
 
     records = []
     agent = load_agent_file(wasm_dir / "agent.yaml", upstream=scripted.base_url)
 
     async def run() -> None:
-        runner = web.AppRunner(build_app(agent, observers=[records.append], store_path=":memory:"))
+        runner = web.AppRunner(build_app(agent, Settings(store=":memory:"), observers=[records.append]))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -236,15 +237,15 @@ def test_records_carry_the_runner_argv_and_trap(scripted, wasm_dir):
 
 
 def test_a_changed_module_is_compiled_again(tmp_path):
-    from proxy.wasm import shared_runner
+    from toolkeeper.tools import compiled_modules
 
     module = tmp_path / "tool.wat"
     shutil.copy(EXAMPLE / "word_count.wat", module)
-    runner = shared_runner()
-    first = runner.module(module)
-    assert runner.module(module) is first  # cached
+    modules = compiled_modules()
+    first = modules.module(module)
+    assert modules.module(module) is first  # cached
     shutil.copy(WASM / "show.wat", module)
-    assert runner.module(module) is not first
+    assert modules.module(module) is not first
 
 
 @pytest.mark.parametrize(("entry", "expected"), [

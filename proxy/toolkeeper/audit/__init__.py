@@ -1,0 +1,23 @@
+"""The audit trail: one record per declared call, redacted, hash-chained, in SQLite or PostgreSQL.
+
+It imports nothing of the other layers: the engine hands it an
+`ExecutionRecord`, readers get `AuditEntry` objects back.
+"""
+
+from toolkeeper.audit.record import STATUSES, AuditEntry, CallStatus, ExecutionRecord, Observer
+from toolkeeper.audit.redaction import DEFAULT_PATTERNS, REDACTED, Redactor
+from toolkeeper.audit.trail import AuditError, SQLAudit, open_audit
+
+__all__ = [
+    "DEFAULT_PATTERNS",
+    "REDACTED",
+    "STATUSES",
+    "AuditEntry",
+    "AuditError",
+    "CallStatus",
+    "ExecutionRecord",
+    "Observer",
+    "Redactor",
+    "SQLAudit",
+    "open_audit",
+]

@@ -1,0 +1,96 @@
+"""The record of one declared call: one shape that every consumer reads.
+
+The audit trail stores it, the demo prints it, metrics count it. Each field is
+declared once, here, with the phase that writes it: `decided` before the run
+(who called what, and the decision), `completed` after it (what came out).
+Readers (the CLI, the page, exports) get an `AuditEntry`, never string keys.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, Protocol, get_args
+
+from pydantic import BaseModel, Field
+
+# The outcome of a call, and "running" while a decided call has not completed.
+CallStatus = Literal["ok", "failed", "invalid", "denied", "timeout"]
+EntryStatus = Literal[CallStatus, "running"]
+STATUSES: tuple[str, ...] = get_args(EntryStatus)
+
+Phase = Literal["decided", "completed"]
+
+
+def _in(phase: Phase, default: Any = None, **kwargs: Any) -> Any:
+    """A field written in `phase`: the trail's events carry exactly the fields of their phase."""
+    if "default_factory" in kwargs:
+        return Field(json_schema_extra={"phase": phase}, **kwargs)
+    return Field(default, json_schema_extra={"phase": phase}, **kwargs)
+
+
+class ExecutionRecord(BaseModel):
+    version: int = _in("decided", 1)
+    record_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    time: float = _in("decided", default_factory=time.time)
+    request_id: str = _in("decided", "")
+    agent: str = _in("decided", "")  # a short hash identifying the agent's credentials, never the key
+    tool: str = _in("decided", "")
+    runner: str = _in("decided", "")
+    call_id: str = _in("decided", "")
+    arguments_sent: Any = _in("decided")
+    arguments: dict[str, Any] | None = _in("decided")
+    argv: list[str] | None = _in("decided")
+    decision: str = _in("decided", "")  # allow | deny | ask
+    decision_source: str = _in("decided", "")
+    decision_reason: str = _in("decided", "")
+    decision_rule: str | None = _in("decided")  # the rule that decided, when the security team's rules did
+    policy_revision: str | None = _in("decided")  # which rules: a hash of the rules file, or OPA's bundle revision
+    decision_id: str | None = _in("decided")  # OPA's decision id
+    policy_input: dict[str, Any] | None = _in("decided")  # the document the policy read
+    consent: str | None = _in("decided")  # approved | denied, when someone was asked
+    approver: str | None = _in("decided")
+    redacted: list[str] = _in("decided", default_factory=list)  # which values were replaced before storing
+    status: CallStatus = _in("completed", "invalid")
+    exit_code: int | None = _in("completed")
+    trap: str | None = _in("completed")  # why a wasm module was stopped, in words
+    duration_ms: float = _in("completed", 0.0)
+    output_bytes: int = _in("completed", 0)
+    output_sha256: str | None = _in("completed")
+    answer: str = _in("completed", "")  # what the model was told
+
+    def decided_by(self, decision: Decided) -> None:
+        """The decision, as one change: who decided what, and why (a rule's revision is kept once known)."""
+        self.decision, self.decision_source, self.decision_reason = (decision.effect, decision.source,
+                                                                      decision.reason)
+        self.decision_rule = decision.rule_id or self.decision_rule
+        self.policy_revision = decision.revision or self.policy_revision
+        self.decision_id = decision.decision_id or self.decision_id
+
+    @classmethod
+    def fields_of(cls, phase: Phase) -> tuple[str, ...]:
+        return tuple(name for name, info in cls.model_fields.items()
+                     if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("phase") == phase)
+
+
+class AuditEntry(ExecutionRecord):
+    """One call as the trail holds it: its events merged, the last event's kind and sequence number."""
+
+    status: EntryStatus = "running"
+    kind: str = ""  # decided | completed | refused: the last event of the call
+    seq: int = 0
+
+
+class Decided(Protocol):
+    """What the record reads of a policy decision (the policy layer's `Decision`)."""
+
+    effect: str
+    source: str
+    reason: str
+    rule_id: str | None
+    revision: str | None
+    decision_id: str | None
+
+
+class Observer(Protocol):
+    def __call__(self, record: ExecutionRecord) -> None: ...

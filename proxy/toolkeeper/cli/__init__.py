@@ -1,0 +1,31 @@
+"""The `toolkeeper` command: one module per command, each adding its parser and running it.
+
+    serve       run the proxy in front of the agent file's upstream
+    demo        the example agent file against a built-in offline model
+    approvals | approve | deny   answer the calls waiting for a person
+    audit       read the audit trail
+    policy      test the security team's rules before they ship
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from toolkeeper.cli import approvals, audit, demo, policy, serve
+
+COMMANDS = (serve, demo, approvals, audit, policy)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="toolkeeper",
+                                     description="A policy-and-proxy layer between an agent and its tools.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_parser(commands)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""`toolkeeper approvals`, `approve ID [--always]`, `deny ID [--reason]`: clients of the admin API.
+
+The token comes from $TOOLKEEPER_ADMIN_TOKEN; the server is the one at --url.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import getpass
+import json
+import os
+import urllib.error
+import urllib.request
+from typing import Any
+
+from toolkeeper.settings import TOKEN_VARIABLE, Settings
+
+APPROVALS = "/toolkeeper/approvals"
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    default_url = f"http://{Settings.host}:{Settings.port}"
+    admin = argparse.ArgumentParser(add_help=False)
+    admin.add_argument("--url", default=default_url,
+                       help=f"toolkeeper's address (default {default_url}); the token comes from ${TOKEN_VARIABLE}")
+    listing = commands.add_parser("approvals", parents=[admin], help="list the calls waiting for approval")
+    listing.set_defaults(run=lambda args: list_command(args.url))
+    approve = commands.add_parser("approve", parents=[admin], help="approve a waiting call")
+    approve.add_argument("id")
+    approve.add_argument("--always", action="store_true", help="and always allow this tool from now on")
+    approve.add_argument("--as", dest="approver", help="who approves (default: your user name)")
+    deny = commands.add_parser("deny", parents=[admin], help="deny a waiting call")
+    deny.add_argument("id")
+    deny.add_argument("--reason", help="what the model is told")
+    deny.add_argument("--as", dest="approver", help="who denies (default: your user name)")
+    for verb in (approve, deny):
+        verb.set_defaults(run=lambda args: answer_command(
+            args.url, args.id, args.command, always=getattr(args, "always", False),
+            reason=getattr(args, "reason", None), approver=args.approver))
+
+
+
+def _call(url: str, method: str = "GET", body: dict | None = None) -> dict:
+    if not url.startswith(("http://", "https://")):
+        raise SystemExit(f"toolkeeper: --url must be an http:// or https:// address, not {url!r}")
+    token = os.environ.get(TOKEN_VARIABLE, "")
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, method=method, data=data,  # noqa: S310 - http(s) only, checked above
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310
+            return json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")
+        with contextlib.suppress(json.JSONDecodeError, AttributeError):
+            detail = json.loads(detail).get("error", detail)
+        raise SystemExit(f"toolkeeper: {exc.code}: {detail}") from None
+    except urllib.error.URLError as exc:
+        raise SystemExit(f"toolkeeper: cannot reach {url}: {exc.reason}") from None
+
+
+def list_command(base: str) -> int:
+    waiting = _call(base.rstrip("/") + APPROVALS)["approvals"]
+    if not waiting:
+        print("nothing waits for approval")
+        return 0
+    for approval in waiting:
+        arguments = ", ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
+                              for k, v in approval["arguments"].items())
+        print(f"{approval['id']}  {approval['tool']}({arguments})  argv {json.dumps(approval['argv'])}  "
+              f"agent {approval['agent']}  waiting {approval['age']:.0f} s")
+    return 0
+
+
+def answer_command(base: str, approval_id: str, verb: str, *, always: bool = False, reason: str | None = None,
+                   approver: str | None = None) -> int:
+    body: dict[str, Any] = {"approver": approver or getpass.getuser()}
+    if always:
+        body["always"] = True
+    if reason:
+        body["reason"] = reason
+    result = _call(f"{base.rstrip('/')}{APPROVALS}/{approval_id}/{verb}", "POST", body)
+    suffix = f" (and {result['tool']} is now always allowed)" if always else ""
+    print(f"{approval_id}: {result['status']} by {result['approver']}{suffix}")
+    return 0

@@ -1,0 +1,201 @@
+"""`toolkeeper policy test` and `toolkeeper policy explain`: rules checked before they ship.
+
+    toolkeeper policy test policies/default_scenarios.yaml [--opa-url URL]
+    toolkeeper policy explain agent.yaml release version=1.4.2 channel=stable
+
+A call is described as the model would make it (tool and arguments); the tool's
+declaration in the agent file gives its tier, its runner and its argv, exactly
+as `serve` would build them, so a scenario exercises the real policy input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from toolkeeper.common import Strict, load_yaml_model
+from toolkeeper.policy import (
+    DEFAULT_PATH,
+    Decision,
+    OpaPolicy,
+    Policy,
+    Rules,
+    RulesError,
+    default_rules_path,
+    load_rules,
+    policy_input,
+)
+from toolkeeper.tools import Agent, AgentFileError, RenderError, check_arguments, load_agent_file
+
+
+class Call(Strict):
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Scenario(Strict):
+    name: str
+    call: Call
+    expect: str
+    rule: str | None = None
+    yolo: bool | None = None
+    interactive: bool = True
+    at: datetime | None = None
+    agent: dict[str, str] = Field(default_factory=dict)
+
+
+class ScenarioFile(Strict):
+    agent_file: str
+    policy: str | None = None
+    scenarios: tuple[Scenario, ...]
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    policy = commands.add_parser("policy", help="test the security team's rules before they ship")
+    policy.set_defaults(run=run)
+    policy_commands = policy.add_subparsers(dest="policy_command", required=True)
+    test = policy_commands.add_parser("test", help="run a scenario file: each call and the decision it expects")
+    test.add_argument("scenarios")
+    test.add_argument("--opa-url", help="run the scenarios against this OPA server too")
+    test.add_argument("--opa-path", default=DEFAULT_PATH)
+    explain = policy_commands.add_parser("explain", help="show one call's policy input and the rule that decides")
+    explain.add_argument("agent_file")
+    explain.add_argument("tool")
+    explain.add_argument("arguments", nargs="*", help="key=value, as the model would send them")
+    explain.add_argument("--policy", help="the rules file (default: the shipped default; `none`: no rules)")
+    explain.add_argument("--yolo", action=argparse.BooleanOptionalAction, default=None)
+    explain.add_argument("--at", type=datetime.fromisoformat, help="the time of the call (ISO 8601)")
+    explain.add_argument("--agent-id", default="")
+    explain.add_argument("--agent-header")
+    explain.add_argument("--opa-url", help="ask this OPA server (instead of the YAML rules)")
+    explain.add_argument("--opa-path", default=DEFAULT_PATH)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.policy_command == "test":
+            return run_tests(args.scenarios, opa_url=args.opa_url, opa_path=args.opa_path)
+        return explain(args.agent_file, args.tool, args.arguments, policy=args.policy, yolo=args.yolo, at=args.at,
+                       agent_id=args.agent_id, agent_header=args.agent_header, opa_url=args.opa_url,
+                       opa_path=args.opa_path)
+    except (AgentFileError, RulesError, ValueError) as exc:
+        print(f"toolkeeper: {exc}", file=sys.stderr)
+        return 2
+
+
+async def evaluate(agent: Agent, rules: Rules | None, call: Call, *, yolo: bool | None = None,
+                   interactive: bool = True, at: datetime | None = None, agent_id: str = "",
+                   agent_header: str | None = None, opa: OpaPolicy | None = None) -> tuple[dict[str, Any], Decision]:
+    """The policy input `serve` would build for this call, and the decision."""
+    tool = agent.tools.get(call.tool)
+    if tool is None:
+        raise RulesError(f"{call.tool!r} is not a tool of {agent.path} (its tools: {', '.join(agent.tools)})")
+    checked = check_arguments(tool.spec, call.arguments)
+    if not checked.ok:
+        raise RulesError(f"the call to {call.tool} is invalid, so no policy would see it: "
+                         + "; ".join(checked.problems))
+    try:
+        argv = tool.template.render(checked.values)
+    except RenderError as exc:
+        raise RulesError(f"the call to {call.tool} is invalid: {exc}") from None
+    yolo = agent.config.yolo if yolo is None else yolo
+    document = policy_input(tool, checked.values, argv, agent_id=agent_id, agent_header=agent_header,
+                            yolo=yolo, interactive=interactive, now=at)
+    return document, await Policy(yolo, rules, opa).decide(document)
+
+
+def _describe(decision: Decision) -> str:
+    by = f"rule {decision.rule_id}" if decision.rule_id else decision.source
+    return f"{decision.effect} ({by}: {decision.reason})"
+
+
+def run_tests(path: str | Path, *, opa_url: str | None = None, opa_path: str = DEFAULT_PATH) -> int:
+    """Run a scenario file (against the YAML rules, and OPA when given); 0 when every expectation holds."""
+    return asyncio.run(_run_tests(path, opa_url, opa_path))
+
+
+async def _run_tests(path: str | Path, opa_url: str | None, opa_path: str) -> int:
+    path = Path(path).resolve()
+    try:
+        spec, _, _ = load_yaml_model(path, ScenarioFile, RulesError, what="the scenario file", entries="scenarios",
+                                     entry="scenario", name_key="name")
+    except RulesError as exc:
+        print(f"toolkeeper: {exc}")
+        return 2
+    agent = load_agent_file(path.parent / spec.agent_file)
+    rules = load_rules(path.parent / spec.policy if spec.policy else default_rules_path())
+    engines: list[tuple[str, Rules | None, OpaPolicy | None]] = [(f"rules {rules.path.name}", rules, None)]
+    if opa_url:
+        engines.append((f"OPA {opa_url}", None, OpaPolicy(opa_url, opa_path, timeout=5)))
+    failures = runs = 0
+    try:
+        for engine, engine_rules, opa in engines:
+            for scenario in spec.scenarios:
+                runs += 1
+                try:
+                    _, decision = await evaluate(agent, engine_rules, scenario.call, yolo=scenario.yolo,
+                                                 interactive=scenario.interactive, at=scenario.at,
+                                                 agent_id=scenario.agent.get("id", ""),
+                                                 agent_header=scenario.agent.get("header"), opa=opa)
+                except RulesError as exc:
+                    print(f"FAIL [{engine}] {scenario.name}: {exc}")
+                    failures += 1
+                    continue
+                ok = decision.effect == scenario.expect and scenario.rule in (None, decision.rule_id)
+                expected = scenario.expect + (f" by rule {scenario.rule}" if scenario.rule else "")
+                if ok:
+                    print(f"PASS [{engine}] {scenario.name}: {_describe(decision)}")
+                else:
+                    print(f"FAIL [{engine}] {scenario.name}: expected {expected}, got {_describe(decision)}")
+                    failures += 1
+    finally:
+        for _, _, opa in engines:
+            if opa is not None:
+                await opa.close()
+    print(f"scenarios: {runs - failures} passed, {failures} failed (rules revision {rules.revision})")
+    return 1 if failures else 0
+
+
+def explain(agent_file: str, tool: str, pairs: list[str], *, policy: str | None = None, yolo: bool | None = None,
+            at: datetime | None = None, agent_id: str = "", agent_header: str | None = None,
+            opa_url: str | None = None, opa_path: str = DEFAULT_PATH) -> int:
+    """Show the policy input of one call, which rules match it, and what decides."""
+    arguments = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            print(f"toolkeeper: arguments are key=value pairs; got {pair!r}")
+            return 2
+        arguments[key] = value  # strings, coerced like a model's: "3" -> 3, "true" -> true
+    agent = load_agent_file(agent_file)
+    rules = None if policy == "none" or (opa_url and not policy) else load_rules(policy or default_rules_path())
+    opa = OpaPolicy(opa_url, opa_path, timeout=5) if opa_url else None
+
+    async def run() -> tuple[dict[str, Any], Decision]:
+        try:
+            return await evaluate(agent, rules, Call(tool=tool, arguments=arguments), yolo=yolo, at=at,
+                                  agent_id=agent_id, agent_header=agent_header, opa=opa)
+        finally:
+            if opa is not None:
+                await opa.close()
+
+    document, decision = asyncio.run(run())
+    print("policy input:")
+    print(json.dumps(document, indent=2, ensure_ascii=False))
+    if rules is not None:
+        print(f"\nrules {rules.path} (revision {rules.revision}):")
+        matched = {rule.id for rule in rules.matching(document)}
+        for rule in rules.rules:
+            print(f"  {'MATCH' if rule.id in matched else '     '} {rule.id}: {rule.effect}")
+    if opa is not None:
+        print(f"\nOPA {opa.url}/v1/data/{opa.path}: decision id {decision.decision_id}, "
+              f"bundles {decision.revision}")
+    print(f"\ndecision: {_describe(decision)}")
+    return 0

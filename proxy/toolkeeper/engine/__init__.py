@@ -1,0 +1,45 @@
+"""The engine: the tool loop, protocol-free.
+
+An adapter hands it the agent's request in the neutral (Chat Completions)
+form and a `Model`; it yields `Visible` text, `Working` while a declared call
+runs, and one `TurnResult`. It holds one declared call's steps (`calls`),
+the hidden history and its store. It never imports HTTP.
+"""
+
+from toolkeeper.engine.calls import CallContext, CallHandler, Outcome
+from toolkeeper.engine.history import DEFAULT_TTL, History
+from toolkeeper.engine.loop import MAX_ROUNDS, Engine, tool_name
+from toolkeeper.engine.store import SQLiteStore, Store
+from toolkeeper.engine.types import (
+    Event,
+    Model,
+    Round,
+    ToolCall,
+    TurnContext,
+    TurnResult,
+    Visible,
+    Working,
+    add_usage,
+)
+
+__all__ = [
+    "DEFAULT_TTL",
+    "MAX_ROUNDS",
+    "CallContext",
+    "CallHandler",
+    "Engine",
+    "Event",
+    "History",
+    "Model",
+    "Outcome",
+    "Round",
+    "SQLiteStore",
+    "Store",
+    "ToolCall",
+    "TurnContext",
+    "TurnResult",
+    "Visible",
+    "Working",
+    "add_usage",
+    "tool_name",
+]

@@ -1,0 +1,271 @@
+"""One declared call, from the model's arguments to the answer it reads.
+
+    loop detector -> parse and check arguments -> render argv -> a retry's stored
+    result? -> policy -> consent -> audit (no record, no run) -> run
+
+Each step either answers (an invalid call with what to fix, a repeated one with
+a stop notice, a denied one with the reason) or lets the call go on. Each call
+leaves one ExecutionRecord for the audit trail and the observers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from toolkeeper.audit import AuditError, CallStatus, ExecutionRecord, Observer, SQLAudit
+from toolkeeper.common import canonical_json, digest
+from toolkeeper.engine.store import Store
+from toolkeeper.engine.types import ToolCall, TurnContext
+from toolkeeper.policy import Consent, ConsentRequest, Decision, Policy, policy_input
+from toolkeeper.runners import Runner
+from toolkeeper.tools import DeclaredTool, RenderError, check_arguments, invalid_call_answer, parse_arguments
+
+log = logging.getLogger("toolkeeper")
+
+LOOP_NOTICE_AT = 3  # the same call this many times in a turn: answered with a stop notice
+LOOP_END_AT = 5  # ... and this many times: the turn ends
+# Seconds a call's result answers an identical request (same credentials, same
+# body). The openai client retries within seconds; an attempt whose client
+# timed out was disconnected, and its tool cancelled, so a long window would
+# only replay for requests meant as new ones.
+RETRY_WINDOW = 60.0
+
+
+@dataclass
+class CallContext:
+    """Who is calling, and the turn's memory of earlier calls."""
+
+    turn: TurnContext
+    seen: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class Outcome:
+    answer: str
+    ends_turn: str = ""  # the final message, when this call ends the turn
+    ran: bool = False  # the tool ran: its record is completed, not refused
+    unrecorded: bool = False  # the audit trail could not take it
+
+
+@dataclass
+class _Call:
+    """One call on its way through the steps: what each step found, for the next."""
+
+    call: ToolCall
+    tool: DeclaredTool
+    context: CallContext
+    record: ExecutionRecord
+    truncated: bool
+    arguments: dict[str, Any] | None = None
+    signature: str = ""
+    repeats: int = 0
+    values: dict[str, Any] = field(default_factory=dict)
+    argv: list[str] = field(default_factory=list)
+    memo_key: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.tool.name
+
+
+Step = Callable[[_Call], Awaitable[Outcome | None]]
+
+
+class CallHandler:
+    def __init__(self, *, runners: Mapping[str, Runner], consent: Consent, policy: Policy,
+                 store: Store | None = None, observers: Iterable[Observer] = (), retry_window: float = RETRY_WINDOW,
+                 audit: SQLAudit | None = None):
+        self.runners = runners  # by the tool's runner: "argv", "wasm"
+        self.consent = consent
+        self.policy = policy
+        self.store = store
+        self.observers = list(observers)
+        self.retry_window = retry_window
+        self.audit = audit
+        self._running: dict[str, asyncio.Future[tuple[str, CallStatus]]] = {}
+        # The steps in order; each answers, or returns None to go on. The run comes last.
+        self.steps: tuple[Step, ...] = (self._detect_loop, self._check, self._replay, self._decide, self._record)
+
+    async def handle(self, call: ToolCall, tool: DeclaredTool, context: CallContext, *,
+                     truncated: bool = False) -> Outcome:
+        record = ExecutionRecord(request_id=context.turn.request_id, agent=context.turn.agent, tool=tool.name,
+                                 runner=tool.spec.runner, call_id=call.id, arguments_sent=call.arguments,
+                                 status="invalid", policy_revision=self.policy.revision)
+        state = _Call(call, tool, context, record, truncated)
+        outcome = None
+        for step in self.steps:
+            outcome = await step(state)
+            if outcome is not None:
+                break
+        else:
+            outcome = await self._run(state)
+        record.answer = outcome.answer
+        await self._close(record, outcome)
+        return outcome
+
+    async def _close(self, record: ExecutionRecord, outcome: Outcome) -> None:
+        """The record's second event, the log line, and the observers (which must not fail the call)."""
+        if self.audit is not None and not outcome.unrecorded:
+            try:
+                await self._audit(self.audit.completed if outcome.ran else self.audit.refused, record)
+            except AuditError:
+                log.exception("the audit trail lost the outcome of %s (record %s)", record.tool, record.record_id)
+        log.info("declared call %s: %s (%s) in %.1f ms", record.tool, record.status, record.decision_source or "-",
+                 record.duration_ms)
+        for observer in self.observers:
+            try:
+                observer(record)
+            except Exception:
+                log.exception("an observer failed on the record of %s", record.tool)
+
+    # -- the steps --------------------------------------------------------------------
+
+    async def _detect_loop(self, state: _Call) -> Outcome | None:
+        state.arguments, _ = parse_arguments(state.call.arguments, truncated=state.truncated)
+        shown = canonical_json(state.arguments).decode() if state.arguments is not None else state.call.arguments_text
+        state.signature = state.name + "\x00" + shown
+        state.context.seen[state.signature] += 1
+        repeats = state.repeats = state.context.seen[state.signature]
+        if repeats < LOOP_NOTICE_AT:
+            return None
+        state.record.status = "denied"
+        state.record.decided_by(Decision("deny", "loop_detector", f"the same call {repeats} times in one turn"))
+        if repeats >= LOOP_END_AT:
+            return Outcome(
+                f"Stopped: {state.name} was called with the same arguments {repeats} times; the turn ends.",
+                ends_turn=(f"toolkeeper ended this turn: the model called {state.name} with the same arguments "
+                           f"{repeats} times in a row without making progress."),
+            )
+        return Outcome(
+            f"Stop: you have called {state.name} with these same arguments {repeats} times in this turn, and "
+            "it will not run again. Do not repeat it: change the arguments, or answer the user with what you "
+            "have and say what went wrong."
+        )
+
+    async def _check(self, state: _Call) -> Outcome | None:
+        spec = state.tool.spec
+        arguments, problem = parse_arguments(state.call.arguments, truncated=state.truncated)
+        if problem:
+            return Outcome(invalid_call_answer(spec, state.call.arguments, [problem]))
+        checked = check_arguments(spec, arguments)
+        if not checked.ok:
+            return Outcome(invalid_call_answer(spec, arguments, checked.problems))
+        state.values = state.record.arguments = checked.values
+        try:
+            state.argv = state.record.argv = state.tool.template.render(checked.values)
+        except RenderError as exc:
+            return Outcome(invalid_call_answer(spec, arguments, [str(exc)]))
+        return None
+
+    async def _replay(self, state: _Call) -> Outcome | None:
+        """A retried request (the openai client retries twice by default) gets the result of the call it ran."""
+        request_key = state.context.turn.request_key
+        state.memo_key = digest(request_key, state.signature, str(state.repeats)) if request_key else ""
+        replayed = await self._replayed(state.memo_key)
+        if replayed is None:
+            return None
+        state.record.decided_by(Decision("allow", "retry", "a retry of a request that already ran this call"))
+        state.record.answer, state.record.status = replayed
+        return Outcome(replayed[0])
+
+    async def _decide(self, state: _Call) -> Outcome | None:
+        turn = state.context.turn
+        document = policy_input(state.tool, state.values, state.argv, agent_id=turn.agent,
+                                agent_header=turn.agent_header, request_id=turn.request_id,
+                                yolo=self.policy.yolo, interactive=self.consent.can_ask)
+        state.record.policy_input = document
+        decision = await self.policy.decide(document)
+        state.record.decided_by(decision)
+        if decision.effect == "ask":
+            state.record.decided_by(await self._ask(state))
+        if state.record.decision == "allow":
+            return None
+        state.record.status = "denied"
+        return Outcome(
+            f"Not run: {state.name} was not allowed ({state.record.decision_reason}). Do not call it again unless "
+            "the user asks you to; tell the user it was not allowed."
+        )
+
+    async def _record(self, state: _Call) -> Outcome | None:
+        """No record, no run."""
+        if self.audit is None:
+            return None
+        try:
+            await self._audit(self.audit.decided, state.record)
+        except AuditError as exc:
+            log.error("%s not run: %s", state.name, exc)
+            state.record.status = "failed"
+            return Outcome(f"Not run: {state.name} could not be recorded in the audit trail, and nothing runs "
+                           f"unrecorded ({exc}). Tell the user; do not retry.", unrecorded=True)
+        return None
+
+    async def _run(self, state: _Call) -> Outcome:
+        record = state.record
+        running = asyncio.get_running_loop().create_future()
+        if state.memo_key:
+            self._running[state.memo_key] = running
+        try:
+            result = await self.runners[state.tool.spec.runner].run(state.tool, state.argv, state.values)
+        except BaseException:
+            running.cancel()
+            raise
+        finally:
+            self._running.pop(state.memo_key, None)
+        record.status = result.status if result.status in ("ok", "timeout") else "failed"
+        record.exit_code, record.trap = result.exit_code, result.trap
+        record.duration_ms = round(result.duration * 1000, 3)
+        record.output_bytes = result.stdout.total
+        record.output_sha256 = result.stdout.digest()
+        answer = result.answer()
+        running.set_result((answer, record.status))
+        if state.memo_key and self.store is not None:
+            self.store.put_call_result(state.memo_key, orjson.dumps([answer, record.status]).decode(),
+                                       self.retry_window)
+        return Outcome(answer, ran=True)
+
+    # -- helpers ----------------------------------------------------------------------
+
+    async def _audit(self, write: Callable[[ExecutionRecord], None], record: ExecutionRecord) -> None:
+        """A local SQLite write is quicker than a hop to a thread; a PostgreSQL one is not, and waits on the network."""
+        if self.audit is not None and self.audit.remote:
+            await asyncio.to_thread(write, record)
+        else:
+            write(record)
+
+    async def _replayed(self, memo_key: str) -> tuple[str, CallStatus] | None:
+        if not memo_key:
+            return None
+        running = self._running.get(memo_key)
+        if running is not None:  # the first attempt is still running it: wait for its result
+            try:
+                return await asyncio.shield(running)
+            except asyncio.CancelledError:
+                if not running.cancelled():
+                    raise  # this request was cancelled, not the first
+                return None  # the first attempt was cancelled (its agent left): run it here
+        if self.store is not None:
+            stored = self.store.get_call_result(memo_key)
+            if stored is not None:
+                answer, status = orjson.loads(stored)
+                return answer, status
+        return None
+
+    async def _ask(self, state: _Call) -> Decision:
+        started = time.monotonic()
+        request = ConsentRequest(state.name, state.values, state.argv, state.context.turn.agent)
+        answer = await self.consent.ask(request)
+        log.info("consent for %s: %s by %s in %.1f s", state.name, "yes" if answer.allowed else "no",
+                 answer.approver, time.monotonic() - started)
+        state.record.consent = "approved" if answer.allowed else "denied"
+        state.record.approver = answer.approver
+        if answer.allowed:
+            return Decision("allow", "consent", f"approved by {answer.approver}")
+        return Decision("deny", "consent", answer.reason or "the user did not approve it")

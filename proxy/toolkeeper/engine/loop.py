@@ -1,0 +1,220 @@
+"""The engine: one agent turn, as many model rounds as the declared tools need.
+
+It knows nothing of HTTP. A protocol adapter hands it the agent's request (in
+Chat Completions form) and a `Model` to call; the engine yields what the agent
+may see as it comes (`Visible`), says when a tool starts (`Working`, so the
+adapter can keep the connection alive), and ends with one `TurnResult` that
+keeps what the agent sees apart from the hidden exchange it did not.
+
+    restore history -> round: call the model -> split its calls:
+        none declared          -> the answer (or the agent's own calls): done
+        declared (and own)     -> handle each declared call, then
+                                  own calls too: return them; else: next round
+    -> remember the hidden exchange for the agent's next request
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolkeeper.engine.calls import CallContext, CallHandler
+from toolkeeper.engine.discovery import Discovery
+from toolkeeper.engine.history import History
+from toolkeeper.engine.types import Event, Model, Round, ToolCall, TurnContext, TurnResult, Visible, Working, add_usage
+from toolkeeper.metrics import Metrics
+from toolkeeper.tools import Agent, DeclaredTool, ToolIndex, tool_schema
+
+log = logging.getLogger("toolkeeper")
+
+MAX_ROUNDS = 16
+
+
+@dataclass
+class _Turn:
+    """What one agent turn accumulates across rounds."""
+
+    context: TurnContext
+    agent_messages: list[dict[str, Any]]  # the history as the agent sent it
+    discovery: Discovery
+    calls: CallContext
+    text: dict[str, list[str]] = field(default_factory=dict)
+    usage: dict[str, Any] | None = None
+    head: dict[str, Any] | None = None
+    hidden: list[dict[str, Any]] = field(default_factory=list)  # what the model saw and the agent did not
+    rounds: int = 0
+
+    def see(self, delta: dict[str, str]) -> None:
+        for key, value in delta.items():
+            self.text.setdefault(key, []).append(value)
+
+    def say(self, text: str) -> Visible:
+        """A message of toolkeeper's own, shown to the agent as part of the answer."""
+        if self.text.get("content"):
+            text = "\n\n" + text
+        self.see({"content": text})
+        return Visible(({"content": text},), self.head)
+
+    def counted(self, last: Round) -> None:
+        self.rounds += 1
+        self.usage = add_usage(self.usage, last.usage)
+        self.head = self.head or last.head
+
+    def result(self, last: Round, own: list[ToolCall], said: str = "") -> TurnResult:
+        """The turn's end: what the agent receives, and the exchange the model saw in its place."""
+        if said:
+            finish_reason = "stop"
+        else:
+            # Some servers (Ollama, gpt-4o at times) say "stop" beside tool calls; agents loop on "tool_calls".
+            finish_reason = last.finish_reason or "stop"
+            if own and finish_reason != "length":
+                finish_reason = "tool_calls"
+            elif not own and finish_reason == "tool_calls":
+                finish_reason = "stop"
+        exchange: list[dict[str, Any]] = []
+        if self.hidden:
+            exchange = list(self.hidden)
+            if said:
+                exchange.append({"role": "assistant", "content": said})
+            elif not own:
+                exchange.append(last.assistant_message())  # the answer, as the model wrote it
+        return TurnResult(
+            head=self.head or last.head,
+            text={key: "".join(parts) for key, parts in self.text.items()},
+            tool_calls=own,
+            finish_reason=finish_reason,
+            usage=self.usage,
+            rounds=self.rounds,
+            last=last,
+            exchange=exchange,
+        )
+
+
+class Engine:
+    def __init__(self, agent: Agent, calls: CallHandler, *, history: History | None = None,
+                 max_rounds: int = MAX_ROUNDS, metrics: Metrics | None = None):
+        self.agent = agent
+        self.calls = calls
+        self.history = history
+        self.max_rounds = max_rounds
+        self.metrics = metrics
+        style = agent.config.schema_style
+        self.schemas = {name: tool_schema(tool.spec, style) for name, tool in agent.tools.items()}
+        self.index = ToolIndex(agent.tools.values())
+        self._warned_shadowed: set[str] = set()
+
+    def active_tools(self, request: dict[str, Any]) -> dict[str, DeclaredTool]:
+        """The declared tools of this request: none under tool_choice none; an agent's tool of the same name wins."""
+        if request.get("tool_choice") == "none":
+            return {}
+        agent_names = {tool_name(tool) for tool in request.get("tools") or []}
+        active = {}
+        for name, tool in self.agent.tools.items():
+            if name in agent_names:
+                if name not in self._warned_shadowed:
+                    self._warned_shadowed.add(name)
+                    log.warning("the agent sends its own tool %r; it wins over the declared tool of that name", name)
+                continue
+            active[name] = tool
+        return active
+
+    async def run(self, request: dict[str, Any], model: Model,
+                  context: TurnContext | None = None) -> AsyncIterator[Event]:
+        context = context or TurnContext()
+        active = self.active_tools(request)
+        agent_messages = list(request.get("messages") or [])
+        messages = self.history.restore(context.tenant, agent_messages) if self.history else agent_messages
+        agent_tools = list(request.get("tools") or [])
+        discovery = Discovery(self.index, active, {tool_name(t) for t in agent_tools}, messages)
+        turn = _Turn(context, agent_messages, discovery, CallContext(context))
+        body = dict(request)
+        last: Round | None = None
+
+        for _ in range(self.max_rounds):
+            offered = discovery.offered()
+            tools = agent_tools + [self.schemas[name] for name in offered] + discovery.schemas()
+            if tools:
+                body["tools"] = tools
+            else:
+                body.pop("parallel_tool_calls", None)
+            body["messages"] = messages + turn.hidden
+            last = None
+            async for event in self._round(model, body, turn):
+                if isinstance(event, Round):
+                    last = event
+                else:
+                    yield event
+            if last is None:
+                raise RuntimeError("the model adapter ended a round without a result")
+            declared = [call for call in last.tool_calls if call.name in discovery.hidden_names]
+            own = [call for call in last.tool_calls if call.name not in discovery.hidden_names]
+            if not declared:
+                yield self._finish(turn, last, own)
+                return
+
+            results, ending = [], ""
+            for call in declared:
+                answer = discovery.answer(call, offered)
+                if answer is None:
+                    yield Working(call.name)
+                    outcome = await self.calls.handle(call, active[call.name], turn.calls,
+                                                      truncated=last.finish_reason == "length")
+                    answer, ending = outcome.answer, ending or outcome.ends_turn
+                results.append({"role": "tool", "tool_call_id": call.id, "content": answer})
+            turn.hidden += [last.assistant_message(), *results]
+            if ending:
+                yield turn.say(ending)
+                yield self._finish(turn, last, [], said=ending)
+                return
+            if own:  # a mixed response: the agent runs its own calls, and the model sees both on its next request
+                yield self._finish(turn, last, own)
+                return
+            if _forces_a_call(body.get("tool_choice"), active):
+                body["tool_choice"] = "auto"  # or the model is forced into endless calls
+
+        notice = (f"toolkeeper stopped this turn: the model was still calling tools after {self.max_rounds} "
+                  "rounds without an answer.")
+        yield turn.say(notice)
+        yield self._finish(turn, last, [], said=notice)  # type: ignore[arg-type]
+
+    async def _round(self, model: Model, body: dict[str, Any], turn: _Turn) -> AsyncIterator[Visible | Round]:
+        """One model round: its visible pieces as they come, then the Round, counted."""
+        started = time.monotonic()
+        async for event in model.round(body):
+            if isinstance(event, Round):
+                turn.counted(event)
+                if self.metrics is not None:
+                    self.metrics.count("toolkeeper_model_rounds_total", "Model rounds: one upstream call each.")
+                    self.metrics.observe("toolkeeper_upstream_seconds", "One model round, request to last byte.",
+                                         time.monotonic() - started)
+            else:
+                for delta in event.deltas:
+                    turn.see(delta)
+            yield event
+
+    def _finish(self, turn: _Turn, last: Round, own: list[ToolCall], said: str = "") -> TurnResult:
+        result = turn.result(last, own, said)
+        if result.exchange and self.history is not None:
+            self.history.remember(turn.context.tenant, turn.agent_messages, result.received(), result.exchange)
+        return result
+
+
+def tool_name(tool: Any) -> str | None:
+    """The name of a tool entry as an agent sends it (`{function: {name}}`, or a top-level `name`)."""
+    if isinstance(tool, dict):
+        function = tool.get("function")
+        if isinstance(function, dict):
+            return function.get("name")
+        return tool.get("name")
+    return None
+
+
+def _forces_a_call(tool_choice: Any, active: dict[str, DeclaredTool]) -> bool:
+    if tool_choice == "required":
+        return True
+    if isinstance(tool_choice, dict):
+        return tool_name(tool_choice) in active
+    return False

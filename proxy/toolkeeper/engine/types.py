@@ -1,0 +1,144 @@
+"""The engine's own types: what a model round gives, what a turn yields, who is asking.
+
+Adapters translate their API to and from these; nothing here knows HTTP or a
+wire format. A `Round` holds the assistant message in Chat Completions form,
+the neutral form the engine and the history work in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: Any  # the raw text as streamed, or an object (llama.cpp)
+    extra: dict[str, Any] = field(default_factory=dict)  # other fields, kept verbatim
+
+    @property
+    def arguments_text(self) -> str:
+        if isinstance(self.arguments, str):
+            return self.arguments
+        return orjson.dumps(self.arguments).decode()
+
+    def as_message_entry(self, index: int | None = None) -> dict[str, Any]:
+        entry: dict[str, Any] = {}
+        if index is not None:
+            entry["index"] = index
+        entry["id"] = self.id
+        entry["type"] = "function"
+        entry["function"] = {"name": self.name, "arguments": self.arguments_text}
+        entry.update(self.extra)
+        return entry
+
+
+@dataclass
+class Round:
+    head: dict[str, Any]
+    message: dict[str, Any]  # the assistant message as the model gave it, minus tool_calls
+    tool_calls: list[ToolCall]
+    finish_reason: str | None
+    usage: dict[str, Any] | None
+    raw: bytes | None = None  # the whole upstream body, when it was not streamed
+    normalized: bool = False  # toolkeeper changed something (made an id, re-encoded arguments)
+
+    def assistant_message(self, calls: list[ToolCall] | None = None) -> dict[str, Any]:
+        """The message to put back into the history, with the given calls."""
+        message = dict(self.message)
+        message["role"] = "assistant"
+        calls = self.tool_calls if calls is None else calls
+        if calls:
+            message["tool_calls"] = [call.as_message_entry() for call in calls]
+            message.setdefault("content", None)
+        return message
+
+
+@dataclass(frozen=True)
+class Visible:
+    """Text the agent may read now (`content`, `reasoning_content`, ...).
+
+    One delta per upstream event, so what the agent receives does not depend
+    on how the network cut the stream; the deltas that arrived together are
+    handed over together, so an adapter can send them in one write. `head`
+    carries the id, created and model of the turn's first round.
+    """
+
+    deltas: tuple[dict[str, str], ...]
+    head: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Working:
+    """A declared call is being decided or run; nothing else will come for a while."""
+
+    tool: str
+
+
+@dataclass
+class TurnResult:
+    head: dict[str, Any]  # id, created, model of the first round: one for the whole answer
+    text: dict[str, str]  # every round's visible text, joined, per field
+    tool_calls: list[ToolCall]  # the agent's own calls, for the agent to run
+    finish_reason: str
+    usage: dict[str, Any] | None  # summed over every round
+    rounds: int
+    last: Round
+    exchange: list[dict[str, Any]]  # what the model saw, where the agent saw one message; [] if nothing hidden
+
+    @property
+    def passthrough(self) -> bool:
+        """Nothing happened in between: the upstream's own response can go back as it is."""
+        return self.rounds == 1 and not self.exchange and not self.last.normalized and self.last.raw is not None
+
+    def received(self) -> dict[str, Any]:
+        """The assistant message the agent receives (and will send back in its history)."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.text.get("content") or None}
+        if self.tool_calls:
+            message["tool_calls"] = [call.as_message_entry() for call in self.tool_calls]
+        return message
+
+
+Event = Visible | Working | TurnResult
+
+
+class Model(Protocol):
+    def round(self, body: dict[str, Any]) -> AsyncIterator[Visible | Round]:
+        """Stream one model response: Visible pieces as they come, then the Round."""
+        ...
+
+
+@dataclass
+class TurnContext:
+    """Who is asking: one agent request, as the protocol adapter saw it."""
+
+    request_id: str = ""
+    agent: str = ""  # a short hash of the credentials: for records and logs
+    tenant: str = ""  # the full hash of the credentials: whose stored history this is
+    request_key: str = ""  # the credentials and the exact body: a retried request has the same
+    agent_header: str | None = None  # the identity header the deployment sets, if it names one
+
+
+def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Sum two usage objects field by field, nested details included."""
+    if not usage:
+        return total
+    if not total:
+        return dict(usage)
+    summed = dict(total)
+    for key, value in usage.items():
+        mine = summed.get(key)
+        if isinstance(value, bool) or value is None:
+            summed.setdefault(key, value)
+        elif isinstance(value, (int, float)) and isinstance(mine, (int, float)) and not isinstance(mine, bool):
+            summed[key] = mine + value
+        elif isinstance(value, dict) and isinstance(mine, dict):
+            summed[key] = add_usage(mine, value)
+        elif mine is None:
+            summed[key] = value
+    return summed

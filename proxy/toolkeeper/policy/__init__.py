@@ -1,0 +1,38 @@
+"""Policy: one decision per call (allow, deny or ask), and who is asked.
+
+Sources, the most restrictive wins: the security team's YAML rules, their OPA,
+yolo and the tiers; any failure is a deny. An "ask" goes to a consent
+channel: the terminal, the approvals store, or none. This layer knows nothing
+of HTTP or of the tool loop.
+"""
+
+from toolkeeper.policy.approvals import ApprovalsConsent, ApprovalsStore, arguments_hash
+from toolkeeper.policy.combined import Policy, policy_input, tier_decision
+from toolkeeper.policy.consent import Consent, ConsentAnswer, ConsentRequest, NoConsent, TerminalConsent, has_terminal
+from toolkeeper.policy.decision import Decision, Effect, most_restrictive
+from toolkeeper.policy.opa import DEFAULT_PATH, OpaPolicy
+from toolkeeper.policy.rules import Rules, RulesError, default_rules_path, load_rules
+
+__all__ = [
+    "DEFAULT_PATH",
+    "ApprovalsConsent",
+    "ApprovalsStore",
+    "Consent",
+    "ConsentAnswer",
+    "ConsentRequest",
+    "Decision",
+    "Effect",
+    "NoConsent",
+    "OpaPolicy",
+    "Policy",
+    "Rules",
+    "RulesError",
+    "TerminalConsent",
+    "arguments_hash",
+    "default_rules_path",
+    "has_terminal",
+    "load_rules",
+    "most_restrictive",
+    "policy_input",
+    "tier_decision",
+]

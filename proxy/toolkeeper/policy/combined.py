@@ -1,0 +1,81 @@
+"""One decision per declared call: allow, deny (with a reason the model reads) or ask.
+
+Sources, the most restrictive wins (deny > ask > allow), so no source can
+loosen another:
+
+- the security team's rules: the built-in YAML rules (rules.py), when one
+  matches, and/or Rego evaluated by their OPA server (opa.py);
+- yolo and the tiers: a silent tool never asks; a gated one asks unless
+  `yolo: true`. yolo only turns this source's ask into an allow: a rule's ask or
+  deny holds in yolo.
+
+Both read one document, the policy input (docs/reference/policy-input.md),
+built once per call; the same document goes to OPA and into the record.
+A policy that cannot be evaluated decides deny (fail closed).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from toolkeeper.policy.decision import Decision, most_restrictive
+from toolkeeper.tools import DeclaredTool
+
+if TYPE_CHECKING:
+    from toolkeeper.policy.opa import OpaPolicy
+    from toolkeeper.policy.rules import Rules
+
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+def policy_input(tool: DeclaredTool, arguments: dict[str, Any], argv: list[str], *, agent_id: str = "",
+                 agent_header: str | None = None, request_id: str = "", yolo: bool = False,
+                 interactive: bool = False, now: datetime | None = None) -> dict[str, Any]:
+    """The one document every policy source reads."""
+    now = now or datetime.now().astimezone()
+    return {
+        "tool": {"name": tool.name, "tier": tool.spec.tier, "runner": tool.spec.runner,
+                 "visibility": tool.spec.visibility},
+        "arguments": arguments,
+        "argv": argv,
+        "agent": {"id": agent_id, "header": agent_header},
+        "mode": {"yolo": yolo, "interactive": interactive},
+        "request": {"id": request_id, "time": now.isoformat(timespec="seconds"), "weekday": WEEKDAYS[now.weekday()],
+                    "hour": now.hour},
+    }
+
+
+def tier_decision(document: dict[str, Any]) -> Decision:
+    if document["tool"]["tier"] == "silent":
+        return Decision("allow", "tier", "silent tools never ask")
+    if document["mode"]["yolo"]:
+        return Decision("allow", "yolo", "yolo: true")
+    return Decision("ask", "yolo", "a gated tool, and yolo: false")
+
+
+class Policy:
+    def __init__(self, yolo: bool, rules: Rules | None = None, opa: OpaPolicy | None = None):
+        self.yolo = yolo
+        self.rules = rules
+        self.opa = opa
+
+    @property
+    def revision(self) -> str | None:
+        return self.rules.revision if self.rules else None
+
+    def describe(self) -> str:
+        """Which sources decide, for the start line."""
+        text = f"rules {self.rules.path.name} @{self.rules.revision}" if self.rules else "no YAML rules"
+        if self.opa:
+            text += f", OPA {self.opa.url}/v1/data/{self.opa.path}"
+        return text
+
+    async def decide(self, document: dict[str, Any]) -> Decision:
+        try:
+            sources = [self.rules.decide(document) if self.rules else None,
+                       await self.opa.decide(document) if self.opa else None,
+                       tier_decision(document)]
+            return most_restrictive(*(d for d in sources if d is not None))
+        except Exception as exc:  # fail closed
+            return Decision("deny", "policy", f"the policy could not be evaluated ({exc!r})", None, self.revision)

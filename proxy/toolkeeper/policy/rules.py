@@ -1,0 +1,223 @@
+"""The security team's rules, in YAML: allow, deny (with a reason) or ask.
+
+    rules:
+      - id: no-stable-release-on-friday
+        effect: deny
+        reason: Releases to stable are frozen on Fridays.
+        when:
+          tool: release                      # a glob, or a list of globs
+          arguments: {channel: {equals: stable}}
+          time: {weekdays: [fri]}
+
+A rule matches when every condition under `when` holds; with no `when` it
+matches every call. Of the rules that match, the most restrictive decides
+(deny > ask > allow; the first in the file among equals). A call no rule
+matches gets no decision from here: yolo and the tiers decide. The rules read
+the policy input document (docs/reference/policy-input.md), the same one OPA
+gets.
+
+Rules are validated once, at load; an error names the file, the rule and the key.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from toolkeeper.common import Strict, load_yaml_model, regex, sha256_hex, shipped_file
+from toolkeeper.policy.decision import Decision, most_restrictive
+
+
+class RulesError(Exception):
+    """The rules file cannot be used; the message names the file, the rule and the key."""
+
+
+class ValueTest(Strict):
+    """Tests on one value; all given must hold."""
+
+    equals: Any = None
+    not_equals: Any = None
+    one_of: tuple[Any, ...] | None = Field(default=None, alias="in")
+    matches: str | None = None  # searched, as in JSON Schema: anchor with ^...$
+    above: float | None = None
+    below: float | None = None
+    present: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("matches")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        return regex(value)
+
+    def holds(self, value: Any, present: bool) -> bool:
+        if self.present is not None and self.present != present:
+            return False
+        if not present:
+            return self.present is False
+        fields = self.model_fields_set
+        if "equals" in fields and value != self.equals:
+            return False
+        if "not_equals" in fields and value == self.not_equals:
+            return False
+        if self.one_of is not None and value not in self.one_of:
+            return False
+        if self.matches is not None and not (isinstance(value, str) and re.search(self.matches, value)):
+            return False
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if self.above is not None and not (numeric and value > self.above):
+            return False
+        return not (self.below is not None and not (numeric and value < self.below))
+
+
+class ArgvTest(Strict):
+    matches: str | None = None  # some argv entry matches (searched)
+    contains: str | None = None  # some argv entry equals this
+
+    @field_validator("matches")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        return regex(value)
+
+    def holds(self, argv: list[str]) -> bool:
+        if self.matches is not None and not any(re.search(self.matches, entry) for entry in argv):
+            return False
+        return self.contains is None or self.contains in argv
+
+
+class AgentTest(Strict):
+    ids: tuple[str, ...] | None = None  # the short hashes of agents' credentials
+    header: ValueTest | None = None  # the identity header the deployment sets
+
+    def holds(self, agent: dict[str, Any]) -> bool:
+        if self.ids is not None and agent.get("id") not in self.ids:
+            return False
+        return self.header is None or self.header.holds(agent.get("header"), agent.get("header") is not None)
+
+
+class TimeTest(Strict):
+    weekdays: tuple[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"], ...] | None = None
+    hours: str | None = None  # "09-17": from 09:00 to 17:59, in the time zone of the request time
+
+    @field_validator("hours")
+    @classmethod
+    def _hours(cls, value: str | None) -> str | None:
+        if value is not None:
+            match = re.fullmatch(r"(\d{1,2})-(\d{1,2})", value)
+            if not match or int(match.group(1)) > 23 or int(match.group(2)) > 23:
+                raise ValueError('hours are a range like "09-17" (from 09:00 to 17:59)')
+        return value
+
+    def holds(self, request: dict[str, Any]) -> bool:
+        if self.weekdays is not None and request.get("weekday") not in self.weekdays:
+            return False
+        if self.hours is not None:
+            start, end = (int(part) for part in self.hours.split("-"))
+            hour = request.get("hour", -1)
+            inside = start <= hour <= end if start <= end else (hour >= start or hour <= end)
+            if not inside:
+                return False
+        return True
+
+
+def _globs(value: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+class When(Strict):
+    tool: str | tuple[str, ...] | None = None
+    runner: Literal["argv", "wasm"] | None = None
+    tier: Literal["gated", "silent"] | None = None
+    argv: ArgvTest | None = None
+    arguments: dict[str, ValueTest] = Field(default_factory=dict)
+    agent: AgentTest | None = None
+    time: TimeTest | None = None
+
+    def holds(self, document: dict[str, Any]) -> bool:
+        tool = document["tool"]
+        globs = _globs(self.tool)
+        if globs is not None and not any(fnmatch.fnmatchcase(tool["name"], glob) for glob in globs):
+            return False
+        if self.runner is not None and tool["runner"] != self.runner:
+            return False
+        if self.tier is not None and tool["tier"] != self.tier:
+            return False
+        if self.argv is not None and not self.argv.holds(document.get("argv") or []):
+            return False
+        arguments = document.get("arguments") or {}
+        for name, test in self.arguments.items():
+            if not test.holds(arguments.get(name), name in arguments):
+                return False
+        if self.agent is not None and not self.agent.holds(document.get("agent") or {}):
+            return False
+        return self.time is None or self.time.holds(document.get("request") or {})
+
+
+class Rule(Strict):
+    id: str
+    effect: Literal["allow", "deny", "ask"]
+    reason: str = ""
+    when: When = Field(default_factory=When)
+
+    @model_validator(mode="after")
+    def _deny_says_why(self) -> Rule:
+        if self.effect == "deny" and not self.reason.strip():
+            raise ValueError("a deny rule needs a reason: the model reads it")
+        return self
+
+
+class RulesFile(Strict):
+    rules: tuple[Rule, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> RulesFile:
+        seen = set()
+        for rule in self.rules:
+            if rule.id in seen:
+                raise ValueError(f"rule id {rule.id!r} is used twice")
+            seen.add(rule.id)
+        return self
+
+
+class Rules:
+    """The loaded rules, and the revision that identifies them in every record."""
+
+    def __init__(self, path: Path, parsed: RulesFile, revision: str):
+        self.path = path
+        self.rules = parsed.rules
+        self.revision = revision
+
+    def matching(self, document: dict[str, Any]) -> list[Rule]:
+        return [rule for rule in self.rules if rule.when.holds(document)]
+
+    def decide(self, document: dict[str, Any]) -> Decision | None:
+        """The most restrictive matching rule's decision; None when no rule matches."""
+        try:
+            matched = self.matching(document)
+        except Exception as exc:  # a rule that cannot be evaluated decides nothing but a deny
+            return Decision("deny", "rules", f"the policy could not be evaluated ({exc})", None, self.revision)
+        if not matched:
+            return None
+        decisions = [Decision(r.effect, "rules", r.reason or f"rule {r.id}", r.id, self.revision) for r in matched]
+        return most_restrictive(*decisions)
+
+
+def default_rules_path() -> Path:
+    """The shipped default policy: policies/ in a checkout, toolkeeper/_policies/ in a wheel."""
+    path = shipped_file("policies/default.yaml", "_policies/default.yaml")
+    if path is None:
+        raise RulesError("the default policy (policies/default.yaml) is not installed")
+    return path
+
+
+def load_rules(path: str | Path) -> Rules:
+    path = Path(path).resolve()
+    parsed, text, _ = load_yaml_model(path, RulesFile, RulesError, what="the rules file",
+                                      entries="rules", entry="rule", name_key="id")
+    return Rules(path, parsed, sha256_hex(text)[:12])

@@ -1,0 +1,94 @@
+"""The argv runner: a process started from its argv, never through a shell.
+
+Each run gets its own process group, so a timeout or a cancelled request (the
+agent disconnected) kills the program and everything it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from typing import Any
+
+import orjson
+
+from toolkeeper.runners.base import OutputBuffer, RunResult, Status, tool_environment
+from toolkeeper.tools import DeclaredTool
+
+READ_CHUNK = 64 * 1024
+
+
+class ArgvRunner:
+    async def run(self, tool: DeclaredTool, argv: list[str], values: dict[str, Any]) -> RunResult:
+        spec = tool.spec
+        stdout, stderr = OutputBuffer(spec.max_output), OutputBuffer(max(256, spec.max_output // 4))
+        started = time.monotonic()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=tool.workdir,
+                env=tool_environment(tool),
+                stdin=asyncio.subprocess.PIPE if spec.stdin == "json" else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # its own process group, killed as one
+            )
+        except OSError as exc:
+            return RunResult("error", None, stdout, stderr, time.monotonic() - started, exc.strerror or str(exc))
+
+        readers = asyncio.gather(_drain(process.stdout, stdout), _drain(process.stderr, stderr))
+        try:
+            if spec.stdin == "json":
+                await _feed_stdin(process, orjson.dumps(values))
+            try:
+                await asyncio.wait_for(process.wait(), spec.timeout)
+            except TimeoutError:
+                _kill_group(process.pid)
+                await process.wait()
+                await _finish_reading(readers)
+                return RunResult("timeout", None, stdout, stderr, time.monotonic() - started, f"{spec.timeout:g} s")
+            # Whatever the program left running in its group goes with it, and
+            # would otherwise hold the pipes open.
+            _kill_group(process.pid)
+            await _finish_reading(readers)
+        except BaseException:
+            # cancelled (the agent went away) or failed: leave no process behind
+            _kill_group(process.pid)
+            readers.cancel()
+            raise
+        status: Status = "ok" if process.returncode == 0 else "failed"
+        return RunResult(status, process.returncode, stdout, stderr, time.monotonic() - started)
+
+
+async def _drain(stream: asyncio.StreamReader | None, buffer: OutputBuffer) -> None:
+    if stream is None:
+        return
+    while chunk := await stream.read(READ_CHUNK):
+        buffer.feed(chunk)
+
+
+async def _feed_stdin(process: asyncio.subprocess.Process, data: bytes) -> None:
+    if process.stdin is None:
+        return
+    try:
+        process.stdin.write(data)
+        await process.stdin.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the program did not read its input; its exit status tells the rest
+    finally:
+        process.stdin.close()
+
+
+async def _finish_reading(readers: asyncio.Future) -> None:
+    try:
+        await asyncio.wait_for(readers, 5)
+    except TimeoutError:
+        readers.cancel()
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

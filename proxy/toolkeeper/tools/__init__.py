@@ -1,0 +1,74 @@
+"""The declaration: agent files, argv templates, arguments, what the model sees, discovery.
+
+Every list toolkeeper keeps about its tools (schemas sent, the silent set, the
+search index, reserved names) is derived from what is loaded here. This layer
+knows nothing of how a tool runs, who allows it, or how it is recorded.
+"""
+
+from typing import Any
+
+from toolkeeper.tools.agentfile import (
+    DEFAULT_RESERVED_NAMES,
+    Agent,
+    AgentFileError,
+    DeclaredTool,
+    MountedDir,
+    Parameter,
+    ToolSpec,
+    load_agent_file,
+    minimal_path,
+)
+from toolkeeper.tools.arguments import Checked, check_arguments, invalid_call_answer, parse_arguments
+from toolkeeper.tools.discovery import (
+    SEARCH_BUDGET,
+    SEARCH_SCHEMA,
+    SEARCH_TOOL,
+    ToolIndex,
+    budget_answer,
+    not_found_yet_answer,
+    search_answer,
+)
+from toolkeeper.tools.schemas import tool_schema
+from toolkeeper.tools.templates import CommandTemplate, RenderError, TemplateError, render_scalar
+
+__all__ = [
+    "DEFAULT_RESERVED_NAMES",
+    "SEARCH_BUDGET",
+    "SEARCH_SCHEMA",
+    "SEARCH_TOOL",
+    "Agent",
+    "AgentFileError",
+    "Checked",
+    "CommandTemplate",
+    "DeclaredTool",
+    "ModuleCache",
+    "MountedDir",
+    "Parameter",
+    "RenderError",
+    "TemplateError",
+    "ToolIndex",
+    "ToolSpec",
+    "WasmModuleError",
+    "budget_answer",
+    "check_arguments",
+    "compiled_modules",
+    "invalid_call_answer",
+    "load_agent_file",
+    "minimal_path",
+    "not_found_yet_answer",
+    "parse_arguments",
+    "render_scalar",
+    "search_answer",
+    "tool_schema",
+]
+
+_WASM = ("ModuleCache", "WasmModuleError", "compiled_modules")
+
+
+def __getattr__(name: str) -> Any:
+    """The wasm module compile, imported on first use: wasmtime loads only for agents that declare a wasm tool."""
+    if name in _WASM:
+        from toolkeeper.tools import wasmmodule
+
+        return getattr(wasmmodule, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

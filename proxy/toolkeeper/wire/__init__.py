@@ -1,0 +1,26 @@
+"""The HTTP side: the agent APIs' adapters, the upstream client, /toolkeeper/ (admin API, audit page), pass-through.
+
+A new agent API is a new adapter here, translating to and from the engine's
+neutral turn; the engine gains nothing HTTP. This layer never picks a runner
+or a policy: the composition root (`toolkeeper.app`) hands it what it serves.
+"""
+
+from toolkeeper.wire.admin import AdminGuard, admin_app, approvals_api
+from toolkeeper.wire.auditpage import AuditPage
+from toolkeeper.wire.chat import ChatCompletions
+from toolkeeper.wire.scripted import ScriptedModel, serve_scripted
+from toolkeeper.wire.server import proxy_app
+from toolkeeper.wire.upstream import Upstream, UpstreamError
+
+__all__ = [
+    "AdminGuard",
+    "AuditPage",
+    "ChatCompletions",
+    "ScriptedModel",
+    "Upstream",
+    "UpstreamError",
+    "admin_app",
+    "approvals_api",
+    "proxy_app",
+    "serve_scripted",
+]

@@ -1,0 +1,125 @@
+"""Everything under /toolkeeper/: one sub-app, one check of the admin token, answered here.
+
+    GET  /toolkeeper/approvals                    the calls waiting for a person
+    POST /toolkeeper/approvals/{id}/approve|deny  an answer ({"always", "reason", "approver"})
+    GET  /toolkeeper/audit[/{id}]                 the audit page (wire/auditpage.py)
+
+No /toolkeeper/ request is ever forwarded to the model server: one that no
+route serves (a wrong method, an unknown path, no token configured) is
+answered here, so the admin token can never leave toolkeeper. A script sends
+`Authorization: Bearer $TOOLKEEPER_ADMIN_TOKEN`; a person signs in to the
+page once, which sets an HttpOnly, SameSite=Strict cookie holding an HMAC of
+the token (the server keeps no sessions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from toolkeeper.policy import ApprovalsConsent, ApprovalsStore
+from toolkeeper.settings import TOKEN_VARIABLE
+
+log = logging.getLogger("toolkeeper")
+
+PREFIX = "/toolkeeper"
+COOKIE = "toolkeeper_audit"
+
+Refusal = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+class AdminGuard:
+    """The one admin-token check: a bearer header, or the audit page's session cookie."""
+
+    def __init__(self, token: str | None):
+        self.token = token
+        self.session = (hmac.new(token.encode(), b"toolkeeper audit page", hashlib.sha256).hexdigest()
+                        if token else None)
+        self.public: set[str] = set()  # paths anyone may reach: the sign-in form
+        self.refusals: list[tuple[str, Refusal]] = []  # a page's own way of saying "sign in first"
+
+    def bearer(self, request: web.Request) -> bool:
+        header = request.headers.get("Authorization", "")
+        given = header[7:].strip() if header.startswith("Bearer ") else ""
+        return bool(self.token and given) and hmac.compare_digest(given.encode(), self.token.encode())  # type: ignore[union-attr]
+
+    def signed_in(self, request: web.Request) -> bool:
+        if self.bearer(request):
+            return True
+        return bool(self.session) and hmac.compare_digest(request.cookies.get(COOKIE, "").encode(),
+                                                          self.session.encode())  # type: ignore[union-attr]
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        if self.token is None:
+            return json_error(404, f"the admin API is off: start toolkeeper with {TOKEN_VARIABLE} set")
+        if request.path in self.public or self.signed_in(request):
+            return await handler(request)
+        for prefix, refuse in self.refusals:
+            if request.path.startswith(prefix):
+                return await refuse(request)
+        return json_error(401, f"a valid admin token is required (Authorization: Bearer ${TOKEN_VARIABLE})")
+
+
+def admin_app(guard: AdminGuard, *parts: Callable[[web.Application], None]) -> web.Application:
+    """The sub-app mounted at /toolkeeper, with each part's routes: every path under it is answered here."""
+    app = web.Application(middlewares=[guard.middleware])
+    for add_routes in parts:
+        add_routes(app)
+
+    async def not_found(request: web.Request) -> web.Response:
+        return json_error(404, f"no {request.method} {request.path} in toolkeeper's admin API")
+
+    app.router.add_route("*", "/{tail:.*}", not_found)  # last, after every real route
+    return app
+
+
+def approvals_api(store: ApprovalsStore, channel: ApprovalsConsent | None) -> Callable[[web.Application], None]:
+    """The approvals API, for the admin sub-app (behind its guard)."""
+
+    async def listing(request: web.Request) -> web.Response:
+        now = time.time()
+        waiting = [{**a, "age": round(now - a["created"], 1)} for a in store.list_approvals("waiting")]
+        return web.json_response({"approvals": waiting})
+
+    async def answer(request: web.Request) -> web.Response:
+        approval_id, verb = request.match_info["id"], request.match_info["verb"]
+        try:
+            body = orjson.loads(await request.read()) if request.body_exists else {}
+        except orjson.JSONDecodeError:
+            return json_error(400, "the body must be JSON")
+        if not isinstance(body, dict):
+            return json_error(400, "the body must be a JSON object")
+        approval = store.get_approval(approval_id)
+        if approval is None:
+            return json_error(404, f"no approval {approval_id}")
+        approver = str(body.get("approver") or "admin")
+        if verb == "approve":
+            moved = store.settle_approval(approval_id, "approved", approver, None)
+            if moved and body.get("always"):
+                store.allow_always(approval["tool"], approver)
+        else:
+            reason = str(body.get("reason") or "denied by " + approver)
+            moved = store.settle_approval(approval_id, "denied", approver, reason)
+        if not moved:
+            return json_error(409, f"{approval_id} is {approval['status']}, not waiting")
+        if channel is not None:
+            channel.answered(approval_id)
+        log.info("approval %s: %s by %s", approval_id, verb, approver)
+        return web.json_response(store.get_approval(approval_id))
+
+    def add_routes(app: web.Application) -> None:
+        app.router.add_get("/approvals", listing)
+        app.router.add_post("/approvals/{id}/{verb:approve|deny}", answer)
+
+    return add_routes

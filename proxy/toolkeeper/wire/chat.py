@@ -1,0 +1,248 @@
+"""The Chat Completions adapter: `POST /v1/chat/completions` in, one engine turn out.
+
+To the agent the whole turn is one response: one id, created and model; the
+role once; the text of every round as it comes; its own tool calls renumbered
+from 0; one usage (the sum), only when asked; one `[DONE]`. Nothing of a
+declared call ever reaches it.
+
+The response is prepared lazily, so that an upstream error before the first
+byte can keep its status and body; after it, the error becomes an SSE error
+event and a clean close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from toolkeeper.engine import Engine, Event, TurnContext, TurnResult, Visible, Working
+from toolkeeper.metrics import Metrics
+from toolkeeper.wire.upstream import Upstream, UpstreamError, error_body
+
+log = logging.getLogger("toolkeeper")
+
+KEEPALIVE = b": keep-alive\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+def bad_request(message: str, code: str = "invalid_request") -> web.Response:
+    return web.Response(status=400, body=error_body(message, code, "invalid_request_error"),
+                        content_type="application/json")
+
+
+def credentials_hash(headers: Any) -> str:
+    """A hash of the agent's credentials: who the agent is, never the key itself."""
+    credential = headers.get("Authorization") or headers.get("api-key") or ""
+    return hashlib.sha256(b"toolkeeper-tenant\x00" + credential.encode()).hexdigest()
+
+
+def check_request(body: Any) -> str | None:
+    if not isinstance(body, dict):
+        return "the request body must be a JSON object"
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
+        return "'messages' must be a non-empty list of messages"
+    if any(not isinstance(m, dict) or "role" not in m for m in body["messages"]):
+        return "every message must be an object with a 'role'"
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or any(not isinstance(t, dict) for t in tools)):
+        return "'tools' must be a list of tool objects"
+    return None
+
+
+class ChatCompletions:
+    def __init__(self, engine: Engine, upstream: Upstream, *, keepalive: float = 5.0,
+                 identity_header: str | None = None, metrics: Metrics | None = None):
+        self.engine = engine
+        self.upstream = upstream
+        self.keepalive = keepalive
+        self.identity_header = identity_header  # set by the deployment, read by policies
+        self.metrics = metrics
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        response = await self._handle(request)
+        if self.metrics is not None:
+            self.metrics.count("toolkeeper_requests_total", "Chat requests answered, by streaming and status.",
+                               stream=str(response.content_type == "text/event-stream").lower(),
+                               code=str(response.status))
+        return response
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return bad_request(f"the request body is not valid JSON: {exc}")
+        problem = check_request(body)
+        if problem:
+            return bad_request(problem)
+        if isinstance(body.get("n"), int) and body["n"] > 1 and self.engine.active_tools(body):
+            return bad_request("n > 1 cannot be combined with declared tools: each choice would run them; "
+                               "send n = 1", "n_not_supported")
+        tenant = credentials_hash(request.headers)
+        context = TurnContext(
+            request_id=request.headers.get("X-Request-Id") or secrets.token_hex(8),
+            agent=tenant[:16],
+            tenant=tenant,
+            request_key=hashlib.sha256(tenant.encode() + b"\x00" + raw).hexdigest(),
+            agent_header=request.headers.get(self.identity_header) if self.identity_header else None,
+        )
+        events = self.engine.run(body, self.upstream.model(request.headers), context)
+        if body.get("stream"):
+            return await StreamWriter(request, body, self.keepalive).relay(events)
+        return await self._whole(body, events)
+
+    async def _whole(self, body: dict[str, Any], events: AsyncIterator[Event]) -> web.StreamResponse:
+        result = None
+        try:
+            async for event in events:
+                if isinstance(event, TurnResult):
+                    result = event
+        except UpstreamError as exc:
+            return web.Response(status=exc.status, body=exc.body, headers={"Content-Type": exc.content_type})
+        if result is None:
+            raise RuntimeError("the engine ended a turn without a result")
+        if result.passthrough:
+            return web.Response(body=result.last.raw, content_type="application/json")
+        return web.Response(body=orjson.dumps(whole_response(result, body)), content_type="application/json")
+
+
+def _head(result_head: dict[str, Any] | None, request: dict[str, Any]) -> dict[str, Any]:
+    head = dict(result_head or {})
+    head.setdefault("id", "chatcmpl-" + secrets.token_hex(12))
+    head.setdefault("created", int(time.time()))
+    head.setdefault("model", request.get("model", ""))
+    return head
+
+
+def whole_response(result: TurnResult, request: dict[str, Any]) -> dict[str, Any]:
+    """The non-streamed answer: the text of every round joined, exactly what a streaming agent read."""
+    last = orjson.loads(result.last.raw) if result.last.raw else {}
+    head = _head(result.head, request)
+    message = dict(result.last.message)
+    message["role"] = "assistant"
+    for key, text in result.text.items():
+        message[key] = text
+    message.setdefault("content", None if result.tool_calls else "")
+    if result.tool_calls:
+        message["tool_calls"] = [call.as_message_entry() for call in result.tool_calls]
+    choice = dict((last.get("choices") or [{}])[0] or {})
+    choice.update({"index": 0, "message": message, "finish_reason": result.finish_reason})
+    choice.setdefault("logprobs", None)
+    response = {**last, "id": head["id"], "object": "chat.completion", "created": head["created"],
+                "model": head["model"], "choices": [choice]}
+    if "system_fingerprint" in head:
+        response["system_fingerprint"] = head["system_fingerprint"]
+    if result.usage is not None:
+        response["usage"] = result.usage
+    return response
+
+
+class StreamWriter:
+    """Relays one turn to a streaming agent as Chat Completions SSE."""
+
+    def __init__(self, request: web.Request, body: dict[str, Any], keepalive: float):
+        self.request = request
+        self.body = body
+        self.keepalive = keepalive
+        self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.response: web.StreamResponse | None = None
+        self.head: dict[str, Any] | None = None
+        self.role_sent = False
+        self._envelope: tuple[bytes, bytes] | None = None
+
+    async def relay(self, events: AsyncIterator[Event]) -> web.StreamResponse:
+        # The engine runs in this handler's task: when the agent goes away,
+        # aiohttp cancels the handler, and the cancellation reaches the running
+        # tool, whose process group is killed. Keep-alives come from a timer
+        # task that lives only while a declared call is decided or run.
+        keepalive: asyncio.Task[None] | None = None
+        try:
+            async for event in events:
+                if isinstance(event, Working):
+                    keepalive = keepalive or asyncio.create_task(self._keep_alive())
+                    continue
+                if keepalive is not None:
+                    keepalive.cancel()
+                    await asyncio.gather(keepalive, return_exceptions=True)
+                    keepalive = None
+                if isinstance(event, Visible):
+                    self.head = self.head or _head(event.head, self.body)
+                    await self._write(b"".join(self._chunk(delta) for delta in event.deltas))
+                elif isinstance(event, TurnResult):
+                    await self._finish(event)
+        except UpstreamError as exc:
+            return await self._fail(exc)
+        except Exception as exc:
+            log.error("turn failed", exc_info=exc)
+            return await self._fail(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error"))
+        finally:
+            if keepalive is not None:
+                keepalive.cancel()
+        if self.response is None:
+            raise RuntimeError("the engine ended a turn without a result")
+        return self.response
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self.keepalive)
+            await self._write(KEEPALIVE)
+
+    async def _prepared(self) -> web.StreamResponse:
+        if self.response is None:
+            self.response = web.StreamResponse(headers={
+                "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        await self.response.prepare(self.request)  # returns at once once prepared
+        return self.response
+
+    async def _write(self, data: bytes) -> None:
+        response = await self._prepared()
+        await response.write(data)
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        if not self.role_sent:
+            delta = {"role": "assistant", **delta}
+            self.role_sent = True
+        if self._envelope is None:
+            # Every chunk of the turn shares id, created and model: serialise them once.
+            head = self.head or _head(None, self.body)
+            envelope = {"id": head["id"], "object": "chat.completion.chunk", "created": head["created"],
+                        "model": head["model"]}
+            if "system_fingerprint" in head:
+                envelope["system_fingerprint"] = head["system_fingerprint"]
+            prefix = b"data: " + orjson.dumps(envelope)[:-1] + b',"choices":[{"index":0,"delta":'
+            suffix = b',"usage":null}\n\n' if self.include_usage else b"}\n\n"
+            self._envelope = (prefix, suffix)
+        prefix, suffix = self._envelope
+        finish = b"null" if finish_reason is None else orjson.dumps(finish_reason)
+        return prefix + orjson.dumps(delta) + b',"logprobs":null,"finish_reason":' + finish + b"}]" + suffix
+
+    async def _finish(self, result: TurnResult) -> None:
+        self.head = self.head or _head(result.head, self.body)
+        parts = []
+        for index, call in enumerate(result.tool_calls):
+            parts.append(self._chunk({"tool_calls": [call.as_message_entry(index)]}))
+        if not self.role_sent:
+            parts.append(self._chunk({"content": ""}))
+        parts.append(self._chunk({}, result.finish_reason))
+        if self.include_usage:
+            usage = {"id": self.head["id"], "object": "chat.completion.chunk", "created": self.head["created"],
+                     "model": self.head["model"], "choices": [], "usage": result.usage}
+            parts.append(b"data: " + orjson.dumps(usage) + b"\n\n")
+        parts.append(DONE)
+        # the end of the answer and the end of the body in one send: one wake-up less for the agent
+        response = await self._prepared()
+        await response.write_eof(b"".join(parts))
+
+    async def _fail(self, error: UpstreamError) -> web.StreamResponse:
+        if self.response is None:
+            return web.Response(status=error.status, body=error.body, headers={"Content-Type": error.content_type})
+        await self.response.write_eof(b"data: " + orjson.dumps({"error": error.error_object()}) + b"\n\n")
+        return self.response

@@ -1,0 +1,185 @@
+"""The model server upstream: one aiohttp session, and the engine's `Model` over it.
+
+Upstream failures become `UpstreamError`, carrying the status and body the
+agent should get when nothing has been sent to it yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from toolkeeper.engine import Round, Visible
+from toolkeeper.wire.chat_stream import VISIBLE_FIELDS, StreamAssembler, round_from_response
+
+# Headers that belong to one connection, or that aiohttp sets itself.
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+     "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding"}
+)
+
+
+class UpstreamError(Exception):
+    def __init__(self, status: int, body: bytes, content_type: str = "application/json"):
+        super().__init__(f"upstream answered {status}")
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+
+    @classmethod
+    def ours(cls, status: int, message: str, code: str = "upstream_error") -> UpstreamError:
+        return cls(status, error_body(message, code))
+
+    def error_object(self) -> dict[str, Any]:
+        """The `error` object for an SSE error event once the stream has begun."""
+        try:
+            parsed = orjson.loads(self.body)
+            if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+                return parsed["error"]
+        except orjson.JSONDecodeError:
+            pass
+        text = self.body.decode("utf-8", errors="replace")[:500]
+        return {"message": f"upstream error {self.status}: {text}", "type": "upstream_error", "code": self.status}
+
+
+def error_body(message: str, code: str, kind: str = "upstream_error") -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+
+def forward_headers(headers: Mapping[str, str], api_key: str | None) -> dict[str, str]:
+    forwarded = {name: value for name, value in headers.items() if name.lower() not in HOP_BY_HOP}
+    if api_key is not None:
+        for name in [n for n in forwarded if n.lower() == "authorization"]:
+            del forwarded[name]
+        forwarded["Authorization"] = f"Bearer {api_key}"
+    return forwarded
+
+
+class Upstream:
+    def __init__(self, base_url: str, session: aiohttp.ClientSession, *, api_key: str | None = None,
+                 read_timeout: float = 300):
+        self.base_url = base_url.rstrip("/")
+        self.session = session
+        self.api_key = api_key
+        self.timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10, sock_read=read_timeout)
+
+    def url(self, path: str) -> str:
+        return self.base_url + path
+
+    def model(self, headers: Mapping[str, str]) -> UpstreamModel:
+        return UpstreamModel(self, forward_headers(headers, self.api_key))
+
+
+class UpstreamModel:
+    """The engine's Model: one chat completion request per round."""
+
+    def __init__(self, upstream: Upstream, headers: dict[str, str]):
+        self.upstream = upstream
+        self.headers = {**headers, "Content-Type": "application/json"}
+
+    async def round(self, body: dict[str, Any]) -> AsyncIterator[Visible | Round]:
+        streaming = bool(body.get("stream"))
+        try:
+            async with self.upstream.session.post(
+                self.upstream.url("/chat/completions"), data=orjson.dumps(body), headers=self.headers,
+                timeout=self.upstream.timeout,
+            ) as response:
+                if response.status != 200:
+                    raise UpstreamError(response.status, await response.read(),
+                                        response.headers.get("Content-Type", "application/json"))
+                content_type = response.headers.get("Content-Type", "")
+                if streaming and "text/event-stream" in content_type:
+                    async for event in _read_stream(response):
+                        yield event
+                else:
+                    # not streamed (or a server that ignored `stream`): one whole response
+                    raw = await response.read()
+                    parsed = _parse_json(raw)
+                    result = round_from_response(raw, parsed)
+                    visible = {key: value for key, value in result.message.items()
+                               if key in VISIBLE_FIELDS and isinstance(value, str) and value}
+                    if visible:
+                        yield Visible((visible,), result.head)
+                    if streaming:
+                        result.raw = None  # the agent gets SSE, not these bytes
+                    yield result
+        except TimeoutError as exc:
+            raise UpstreamError.ours(504, "the model server did not answer in time", "upstream_timeout") from exc
+        except aiohttp.ClientPayloadError as exc:
+            raise UpstreamError.ours(502, f"the model server broke off its response: {exc}") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamError.ours(502, f"cannot reach the model server: {exc}", "upstream_unreachable") from exc
+
+
+def _parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamError.ours(502, f"the model server sent malformed JSON: {exc}", "upstream_malformed") from exc
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("choices"), list):
+        raise UpstreamError.ours(502, "the model server sent a response without choices", "upstream_malformed")
+    return parsed
+
+
+async def _read_stream(response: aiohttp.ClientResponse) -> AsyncIterator[Visible | Round]:
+    """Parse SSE as it arrives; what one network read brings is handed on together."""
+    assembler = StreamAssembler()
+    pending = b""
+    done = False
+    async for data in response.content.iter_any():
+        pending += data.replace(b"\r\n", b"\n") if b"\r" in data else data
+        *events, pending = pending.split(b"\n\n")
+        visible: list[dict[str, str]] = []
+        broken: UpstreamError | None = None
+        try:
+            for event in events:
+                done, seen = _dispatch(event, assembler)
+                if done:
+                    break
+                if seen:
+                    visible.append(seen)
+        except UpstreamError as exc:
+            broken = exc
+        # what came before a broken event is the agent's, whatever the network's timing
+        if visible:
+            yield Visible(tuple(visible), assembler.head)
+        if broken is not None:
+            raise broken
+        if done:
+            break
+    if pending.strip() and not done:  # the last event, with no blank line after it
+        done, seen = _dispatch(pending, assembler)
+        if seen:
+            yield Visible((seen,), assembler.head)
+    if not done and assembler.finish_reason is None:
+        raise UpstreamError.ours(502, "the model server's stream ended before the response was complete",
+                                 "upstream_incomplete")
+    yield assembler.finish()
+
+
+def _dispatch(event: bytes, assembler: StreamAssembler) -> tuple[bool, dict[str, str] | None]:
+    """One SSE event: (the stream is done, what the agent may see of it)."""
+    if event.startswith(b"data: ") and b"\n" not in event:
+        data = event[6:]  # the usual shape: one data line
+    else:
+        lines = [line[6:] if line[5:6] == b" " else line[5:]
+                 for line in event.split(b"\n") if line.startswith(b"data:")]
+        if not lines:
+            return False, None  # a comment, or event:/id:/retry: fields only
+        data = b"\n".join(lines)
+    if data.strip() == b"[DONE]":
+        return True, None
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamError.ours(502, f"the model server sent a malformed stream event: {exc}",
+                                 "upstream_malformed") from exc
+    if not isinstance(chunk, dict):
+        raise UpstreamError.ours(502, "the model server sent a stream event that is not an object",
+                                 "upstream_malformed")
+    if chunk.get("error"):
+        raise UpstreamError(502, orjson.dumps({"error": chunk["error"]}))
+    return False, assembler.feed(chunk)
