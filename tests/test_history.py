@@ -251,3 +251,28 @@ def test_fields_the_server_needs_back_are_kept_verbatim(scripted, tk, stream):
     assert hidden["tool_calls"][0]["extra_content"] == signature
     assert hidden["reasoning_content"] == "thinking..."
     assert hidden["provider_field"] == {"kept": True}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_declared_round_then_one_of_the_agents_own_calls_keeps_the_whole_history(scripted, tk, stream):
+    """The model calls a declared tool, reads it, then calls only the agent's tool: nothing may be lost."""
+    scripted.script({"tool_calls": [call("lookup", {"word": "a"}, "call_decl1")]},
+                    {"content": "Now the weather. ", "tool_calls": [call("get_weather", {"city": "Oslo"}, "call_own1")]},
+                    {"content": "Sunny, and a is alpha."})
+    client = tk.client()
+    messages = user()
+    kwargs = {"model": "m", "messages": messages, "tools": [WEATHER]}
+    answer = reassembled(client, **kwargs) if stream else client.chat.completions.create(**kwargs)
+    message = answer.choices[0].message
+    assert [(c.id, c.function.name) for c in message.tool_calls] == [("call_own1", "get_weather")]
+    followup = [*messages, agent_message(message),
+                {"role": "tool", "tool_call_id": "call_own1", "content": "sunny, 21 C"}]
+    client.chat.completions.create(model="m", messages=followup, tools=[WEATHER])
+    upstream = scripted.bodies()[-1]["messages"]
+    check_every_call_answered(upstream)
+    assert essence(upstream[1:]) == [
+        ("assistant", None, (("call_decl1", "lookup", '{"word": "a"}'),), None),
+        ("tool", LOOKUP_A, (), "call_decl1"),
+        ("assistant", "Now the weather. ", (("call_own1", "get_weather", '{"city": "Oslo"}'),), None),
+        ("tool", "sunny, 21 C", (), "call_own1"),
+    ]

@@ -75,7 +75,7 @@ def test_opa_deny_is_followed_with_its_reason(scripted, tko):
 
 def test_opa_ask_holds_in_yolo(scripted, tko):
     answer = answer_to(scripted, tko, "force_push", {"branch": "main"})
-    assert "no consent channel" in answer  # OPA said ask; yolo cannot lift it; no one could be asked
+    assert "no approver was available" in answer  # OPA said ask; yolo cannot lift it; no one could be asked
     assert tko.calls() == []
 
 

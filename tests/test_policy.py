@@ -187,7 +187,10 @@ def test_a_security_ask_holds_in_yolo(scripted, tkr):
     scripted.script({"tool_calls": [call("count", {"n": 500})]}, {"content": "ok"})
     tkr.client().chat.completions.create(model="m", messages=user())
     assert tkr.calls() == []  # no one could be asked: an ask without a channel is a deny
-    assert "no consent channel" in _results(scripted.bodies()[1])[0]
+    answer = _results(scripted.bodies()[1])[0]
+    # the model is told the rule's reason, and that no one could approve it (not "yolo is false": it is true)
+    assert "Large counts need a person." in answer and "no approver was available" in answer
+    assert "yolo" not in answer
 
 
 def test_the_default_policy_applies_when_serve_is_given_none(scripted, tk):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -34,8 +35,10 @@ def test_api_key_env_replaces_the_agents_key(scripted, tmp_path):
         upstream: http://127.0.0.1:9/v1
         api_key_env: TK_UPSTREAM_KEY
         yolo: true
+        agents:
+          - {name: the-agent, key_sha256: "%s"}
         tools: []
-    """)
+    """ % hashlib.sha256(b"sk-agent").hexdigest())
     process = start_toolkeeper(path, scripted.base_url, env={"TK_UPSTREAM_KEY": "sk-upstream-secret"})
     try:
         scripted.script({"content": "hi"})
@@ -126,7 +129,8 @@ def test_without_a_consent_channel_a_gated_tool_is_denied(scripted, gated):
     calls = (directory / "calls.jsonl").read_text().splitlines()
     assert calls == ['["lookup", "fine"]']  # the silent tool ran, the gated one did not
     results = [m["content"] for m in scripted.bodies()[1]["messages"] if m["role"] == "tool"]
-    assert results[0].startswith("Not run: release was not allowed (no consent channel")
+    assert results[0].startswith("Not run: release was not allowed (a gated tool, and yolo: false; it needs a "
+                                 "person's approval and no approver was available")
     assert "Do not call it again unless the user asks you to" in results[0]
 
 

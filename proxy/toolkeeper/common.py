@@ -12,7 +12,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,8 +24,45 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 
 def canonical_json(value: Any) -> bytes:
-    """One encoding for a value: sorted keys, no spaces."""
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    """One encoding for a value: sorted keys, no spaces (see `dumps` for what orjson cannot encode)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return _slow_dumps(value, sort_keys=True)
+
+
+def dumps(value: Any) -> bytes:
+    """JSON, fast; the standard library for what orjson refuses: integers past 64 bits (a model may send
+    one, and its digits must survive) and nesting deeper than 255."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return _slow_dumps(value, sort_keys=False)
+
+
+def _slow_dumps(value: Any, *, sort_keys: bool) -> bytes:
+    try:
+        return json.dumps(value, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False).encode()
+    except RecursionError:
+        raise ValueError("the value is nested too deeply to be written as JSON") from None
+
+
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """Text as a person may safely see it: control characters (ESC, CR, BEL, ...), bidirectional overrides
+    (U+202E) and other invisible format characters written as escapes, so a value cannot rewrite a terminal
+    line or reorder what a page shows."""
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if keep_newlines and char in "\n\t":
+            out.append(char)
+        elif unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Co", "Cs"):
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return "".join(out)
 
 
 def sha256_hex(data: bytes) -> str:

@@ -32,9 +32,11 @@ class Settings:
                                      "(default: toolkeeper.sqlite3 next to the agent file)")
     audit: str | None = option(None, "the audit trail: an SQLite file (default: toolkeeper-audit.sqlite3 next to "
                                      "the agent file) or a postgresql:// URL, shared by several replicas")
-    redact: tuple[str, ...] = option((), "redact argument values whose names contain PATTERN before they reach the "
-                                         "audit trail (repeatable; default: key, token, secret, password, "
-                                         "authorization)", metavar="PATTERN")
+    redact: tuple[str, ...] = option((), "also redact argument values whose names contain PATTERN, beside the "
+                                         "defaults (key, token, secret, password, authorization); repeatable",
+                                     metavar="PATTERN")
+    redact_only: tuple[str, ...] = option((), "redact only values whose names contain PATTERN, replacing the "
+                                              "defaults; repeatable", metavar="PATTERN")
     history_ttl: float = option(24 * 3600.0, "seconds a hidden exchange is kept for the agent's next request")
     policy: str | None = option(None, "the security team's rules (YAML); default: the shipped "
                                       "policies/default.yaml; `none` for no rules")
@@ -49,6 +51,13 @@ class Settings:
                                   "there is one, else approvals when the token is set",
                           choices=("auto", "terminal", "approvals", "none"))
     consent_timeout: float = option(300.0, "seconds a call waits for an answer before it is denied")
+    allow_origin: tuple[str, ...] = option((), "a web origin (https://app.example) whose pages may call toolkeeper "
+                                                "(repeatable; default: none, every request with a browser Origin "
+                                                "is refused)", metavar="ORIGIN")
+    agent_keys: str | None = option(None, "a YAML file listing agents and the SHA-256 of their keys (`agents:`, "
+                                          "as in the agent file); a request must then present a known key")
+    idle_timeout: float = option(15.0, "seconds a connection may stay without a complete request (before its "
+                                       "headers, or between requests) before it is closed")
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
     admin_token: str | None = option(None, f"the admin API's token, from ${TOKEN_VARIABLE}", flag=False)
 
@@ -76,5 +85,9 @@ class Settings:
     def from_arguments(cls, arguments: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
         environ = dict(os.environ) if environ is None else environ
         values = {s.name: getattr(arguments, s.name) for s in fields(cls) if s.metadata["flag"]}
-        values["redact"] = tuple(values["redact"] or ())
+        for name, value in values.items():
+            if isinstance(value, list):  # repeatable flags
+                values[name] = tuple(value)
+            elif value is None and isinstance(getattr(cls, name, None), tuple):
+                values[name] = ()
         return cls(**values, admin_token=environ.get(TOKEN_VARIABLE) or None)

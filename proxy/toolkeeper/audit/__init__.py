@@ -4,9 +4,10 @@ It imports nothing of the other layers: the engine hands it an
 `ExecutionRecord`, readers get `AuditEntry` objects back.
 """
 
+from toolkeeper.audit.databases import open_audit, without_password
 from toolkeeper.audit.record import STATUSES, AuditEntry, CallStatus, ExecutionRecord, Observer
 from toolkeeper.audit.redaction import DEFAULT_PATTERNS, REDACTED, Redactor
-from toolkeeper.audit.trail import AuditError, SQLAudit, open_audit
+from toolkeeper.audit.trail import AuditError, DamagedTrail, SQLAudit
 
 __all__ = [
     "DEFAULT_PATTERNS",
@@ -15,9 +16,11 @@ __all__ = [
     "AuditEntry",
     "AuditError",
     "CallStatus",
+    "DamagedTrail",
     "ExecutionRecord",
     "Observer",
     "Redactor",
     "SQLAudit",
     "open_audit",
+    "without_password",
 ]

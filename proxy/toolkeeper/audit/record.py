@@ -8,14 +8,17 @@ Readers (the CLI, the page, exports) get an `AuditEntry`, never string keys.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 import uuid
 from typing import Any, Literal, Protocol, get_args
 
 from pydantic import BaseModel, Field
 
-# The outcome of a call, and "running" while a decided call has not completed.
-CallStatus = Literal["ok", "failed", "invalid", "denied", "timeout"]
+# The outcome of a call: it ran (ok, failed, timeout), never ran (invalid, denied), its agent left while it ran
+# (cancelled), or toolkeeper stopped while it ran (interrupted); and "running" while it has not completed.
+CallStatus = Literal["ok", "failed", "invalid", "denied", "timeout", "cancelled", "interrupted"]
 EntryStatus = Literal[CallStatus, "running"]
 STATUSES: tuple[str, ...] = get_args(EntryStatus)
 
@@ -51,6 +54,8 @@ class ExecutionRecord(BaseModel):
     consent: str | None = _in("decided")  # approved | denied, when someone was asked
     approver: str | None = _in("decided")
     redacted: list[str] = _in("decided", default_factory=list)  # which values were replaced before storing
+    host: str = _in("decided", default_factory=socket.gethostname)  # where it ran: a crash's calls are closed
+    pid: int = _in("decided", default_factory=os.getpid)  # ... by the next process on that host
     status: CallStatus = _in("completed", "invalid")
     exit_code: int | None = _in("completed")
     trap: str | None = _in("completed")  # why a wasm module was stopped, in words

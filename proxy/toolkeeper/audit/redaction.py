@@ -1,62 +1,151 @@
-"""Redaction: secret-named values replaced before a record reaches any store.
+"""Redaction: secret-named values replaced before a record, a log line or an approval reaches anyone.
 
-Argument values whose names match the configured patterns (default: key,
-token, secret, password, authorization) are replaced in the arguments, the
-policy input and the argv, and wherever their text appears in the answer; the
-record lists what was redacted.
+A value whose name matches a pattern (default: key, token, secret, password,
+authorization; `--redact` adds patterns, `--redact-only` replaces them) is
+replaced at any depth, and everything under it goes too: each element of a
+secret-named array, each field of a secret-named object. Its text is then
+erased from the argv and from the answer the model read. Redaction never
+fails open:
+
+- arguments the model cut off (not valid JSON) are redacted in their text:
+  a secret-named key's value is replaced up to where it ends, and when that
+  value is an object or an array, the rest of the text goes;
+- a secret shorter than `MIN_ERASE` characters ("x") is erased only where it
+  fills an argv entry or follows `=` at its end, so that it does not erase
+  every "x" of unrelated text.
+
+The record lists the paths it redacted.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
-
-import orjson
+from typing import Any
 
 from toolkeeper.audit.record import ExecutionRecord
 
 DEFAULT_PATTERNS = ("key", "token", "secret", "password", "authorization")
 REDACTED = "[redacted]"
+MIN_ERASE = 4
+
+# In text that is not valid JSON: `"name": value`, the value a string (maybe cut off), a bare scalar, or the
+# opening of an object or array.
+_MEMBER = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:\s*("(?:[^"\\]|\\.)*(?:"|$)|[\[{]|[^,}\]\s]+)')
 
 
 class Redactor:
     def __init__(self, patterns: Iterable[str] = DEFAULT_PATTERNS):
-        self.pattern = re.compile("|".join(re.escape(p) for p in patterns), re.IGNORECASE)
+        patterns = tuple(patterns)
+        self.patterns = patterns
+        self.pattern = re.compile("|".join(re.escape(p) for p in patterns), re.IGNORECASE) if patterns else None
+
+    @classmethod
+    def from_settings(cls, add: Iterable[str] = (), only: Iterable[str] = ()) -> Redactor:
+        only = tuple(only)
+        return cls(only if only else (*DEFAULT_PATTERNS, *add))
+
+    def secret_name(self, name: str) -> bool:
+        return bool(self.pattern and self.pattern.search(name))
+
+    # -- values -----------------------------------------------------------------------
+
+    def value(self, value: Any, path: str, secrets: list[str], paths: list[str]) -> Any:
+        """`value` with every secret-named member replaced; their texts go to `secrets`, their paths to `paths`."""
+        if isinstance(value, dict):
+            out = {}
+            for name, member in value.items():
+                where = f"{path}.{name}"
+                if self.secret_name(str(name)) and member not in (None, ""):
+                    secrets.extend(_leaves(member))
+                    paths.append(where)
+                    out[name] = REDACTED
+                else:
+                    out[name] = self.value(member, where, secrets, paths)
+            return out
+        if isinstance(value, list):
+            return [self.value(item, f"{path}[{i}]", secrets, paths) for i, item in enumerate(value)]
+        return value
+
+    def text(self, text: str, path: str, secrets: list[str], paths: list[str]) -> str:
+        """Arguments that are not valid JSON (cut off by the model): secret-named values replaced in the text."""
+        out, last = [], 0
+        for match in _MEMBER.finditer(text):
+            name, value = match.group(1), match.group(2)
+            if not self.secret_name(name):
+                continue
+            paths.append(f"{path}.{name}")
+            out.append(text[last:match.start(2)])
+            if value in ("[", "{"):  # an object or array we cannot delimit: nothing after it is kept
+                out.append(f'"{REDACTED}"')
+                return "".join(out)
+            secrets.append(value.strip('"'))
+            out.append(f'"{REDACTED}"')
+            last = match.end(2)
+        out.append(text[last:])
+        return "".join(out)
+
+    def erase(self, text: str, secrets: Iterable[str]) -> str:
+        for secret in sorted(set(secrets), key=len, reverse=True):
+            if len(secret) >= MIN_ERASE:
+                text = text.replace(secret, REDACTED)
+        return text
+
+    def erase_argv(self, argv: list[str], secrets: list[str]) -> list[str]:
+        short = {s for s in secrets if s and len(s) < MIN_ERASE}
+        erased = []
+        for entry in argv:
+            if entry in short:
+                entry = REDACTED
+            else:
+                entry = self.erase(entry, secrets)
+                head, sep, tail = entry.rpartition("=")
+                if sep and tail in short:
+                    entry = head + "=" + REDACTED
+            erased.append(entry)
+        return erased
+
+    def shown(self, arguments: dict[str, Any], argv: list[str]) -> tuple[dict[str, Any], list[str]]:
+        """Arguments and argv as a person or a log may see them."""
+        secrets: list[str] = []
+        clean = self.value(arguments, "arguments", secrets, [])
+        return clean, self.erase_argv(argv, secrets)
+
+    # -- the record -------------------------------------------------------------------
 
     def apply(self, record: ExecutionRecord) -> ExecutionRecord:
         """The record as it may be stored: secret-named values replaced everywhere they appear."""
         secrets: list[str] = []
-        redacted: list[str] = []
+        paths: list[str] = []
         data = record.model_dump()
         for field in ("arguments_sent", "arguments"):
             value = data.get(field)
             if isinstance(value, str):
                 try:
-                    value = orjson.loads(value)
-                except orjson.JSONDecodeError:
+                    value = json.loads(value)
+                except (ValueError, RecursionError):
+                    data[field] = self.text(value, field, secrets, paths)
                     continue
-                data[field] = value
-            if isinstance(value, dict):
-                for name in list(value):
-                    if self.pattern.search(name) and value[name] not in (None, ""):
-                        secrets.append(str(value[name]))
-                        value[name] = REDACTED
-                        redacted.append(f"{field}.{name}")
+            data[field] = self.value(value, field, secrets, paths)
         policy_input = data.get("policy_input") or {}
-        for name in list(policy_input.get("arguments") or {}):
-            if self.pattern.search(name):
-                policy_input["arguments"][name] = REDACTED
-        if secrets:
-            data["argv"] = [_erase(entry, secrets) for entry in data.get("argv") or []] or data.get("argv")
-            data["answer"] = _erase(data.get("answer") or "", secrets)
-            if policy_input.get("argv"):
-                policy_input["argv"] = [_erase(entry, secrets) for entry in policy_input["argv"]]
-        data["redacted"] = sorted(set(redacted))
-        return ExecutionRecord.model_validate(data)
+        if policy_input.get("arguments") is not None:
+            policy_input["arguments"] = self.value(policy_input["arguments"], "policy_input.arguments", secrets, [])
+        if data.get("argv"):
+            data["argv"] = self.erase_argv(data["argv"], secrets)
+        if policy_input.get("argv"):
+            policy_input["argv"] = self.erase_argv(policy_input["argv"], secrets)
+        data["answer"] = self.erase(data.get("answer") or "", secrets)
+        data["redacted"] = sorted(set(paths))
+        return type(record).model_validate(data)
 
 
-def _erase(text: str, secrets: list[str]) -> str:
-    for secret in sorted(set(secrets), key=len, reverse=True):
-        if secret:
-            text = text.replace(secret, REDACTED)
-    return text
+def _leaves(value: Any) -> list[str]:
+    """Every scalar under a value, as text: what must not show anywhere else."""
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in _leaves(item)]
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _leaves(item)]
+    if value is None or isinstance(value, bool):
+        return []
+    return [str(value)]

@@ -21,22 +21,30 @@ authorization) are replaced, in the arguments, the policy input and the argv,
 and the record lists what was redacted. The agent is a short hash of its
 credentials, never the key.
 
-Durability: the audit database is its own SQLite file in WAL mode with
-synchronous=FULL, so a record acknowledged before a run survives a power loss;
-a write costs an fsync (measure it with bench/audit.py).
+Every column a filter reads (record, kind, time, tool, agent, status) is also
+in the hashed body, and `verify` checks the columns against it, so editing a
+column to hide a record from `audit list --tool ...` shows as tampering.
+`verify(expect_head=...)` also tells a trail whose tail was cut off.
+
+Faults never freeze the proxy or run a call unrecorded: a write waits at most
+`WRITE_WAIT` seconds (for the database, or for another write still stuck on
+it), then the call is refused; a call cancelled while it ran is closed as
+`cancelled`, and `close_interrupted` closes, at start, the calls a crashed
+process left `running`. The databases themselves are in `databases.py`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import csv
 import io
-import re
-import sqlite3
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -47,10 +55,16 @@ from toolkeeper.common import canonical_json, sha256_hex
 GENESIS = "0" * 64
 DECIDED_FIELDS = ExecutionRecord.fields_of("decided")
 COMPLETED_FIELDS = ExecutionRecord.fields_of("completed")
+# In every event, and in its columns: what filters read.
+INDEXED_FIELDS = ("record_id", "kind", "time", "tool", "agent", "status")
 EXCERPT_BYTES = 1024
-# How long a call waits for the audit database (another writer holding it)
-# before it is refused: the call is held up, never run unrecorded.
-LOCK_WAIT = 2.0
+# How long a call waits for the audit database (another writer holding it,
+# a database that does not answer) before it is refused: the call is held up,
+# never run unrecorded.
+WRITE_WAIT = 2.0
+HOST = socket.gethostname()
+
+Kind = Literal["decided", "completed", "refused"]
 
 # One schema, two dialects: the column types are the only difference.
 SCHEMA = """
@@ -69,10 +83,12 @@ CREATE TABLE IF NOT EXISTS audit_events (
 CREATE INDEX IF NOT EXISTS audit_record ON audit_events (record_id);
 CREATE INDEX IF NOT EXISTS audit_time ON audit_events (time);
 """
+# The last event of each call: its current state.
+LAST_EVENTS = "seq IN (SELECT MAX(seq) FROM audit_events GROUP BY record_id)"
 
 
 class AuditError(Exception):
-    """A record could not be written: the call it describes must not run."""
+    """A record could not be written (or read): the call it describes must not run."""
 
 
 def chain_hash(prev_hash: str, body: bytes) -> str:
@@ -80,24 +96,49 @@ def chain_hash(prev_hash: str, body: bytes) -> str:
 
 
 class SQLAudit:
-    """The trail over a DB-API connection; SQLiteAudit and PostgresAudit give the connection and dialect."""
+    """The trail over a DB-API connection; the dialects (databases.py) give the connection and its SQL."""
 
     begin = "BEGIN"
     remote = False  # writes wait on a network round trip: run them off the event loop
     lock_chain: str | None = None  # a statement that makes appends take turns, where BEGIN alone does not
     conflict: tuple[type[Exception], ...] = ()  # another writer took the head
     failure: tuple[type[Exception], ...] = ()  # the database cannot take the write
+    placeholder = "?"
 
-    def __init__(self, connection: Any, redactor: Redactor | None = None, placeholder: str = "?"):
-        self._db = connection
+    def __init__(self, redactor: Redactor | None = None):
         self.redactor = redactor or Redactor()
-        self._placeholder = placeholder
         self._lock = threading.Lock()
+        self.last_failure: str | None = None  # why the last write failed, until one succeeds: for /readyz
+        self._pending: set[asyncio.Task[None]] = set()
+
+    # -- the connection: the dialects open and reopen it ------------------------------
+
+    def connection(self) -> Any:
+        raise NotImplementedError
+
+    def abandon(self) -> None:
+        """Give up a connection stuck on a database that does not answer (a dialect may cut it)."""
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        if not self._lock.acquire(timeout=WRITE_WAIT):
+            raise AuditError(f"the audit database has not answered for {WRITE_WAIT:g} s")
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def _execute(self, sql: str, params: Iterable[Any] = ()) -> Any:
-        if self._placeholder != "?":
-            sql = sql.replace("?", self._placeholder)
-        return self._db.execute(sql, tuple(params))
+        if self.placeholder != "?":
+            sql = sql.replace("?", self.placeholder)
+        return self.connection().execute(sql, tuple(params))
+
+    def _query(self, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
+        with self._locked():
+            try:
+                return self._execute(sql, params).fetchall()
+            except self.failure as exc:
+                raise AuditError(f"the audit trail cannot be read: {exc}") from exc
 
     # -- writing ------------------------------------------------------------------------
 
@@ -111,17 +152,48 @@ class SQLAudit:
     def refused(self, record: ExecutionRecord) -> None:
         self._append("refused", record, DECIDED_FIELDS + COMPLETED_FIELDS)
 
+    async def write(self, kind: Kind, record: ExecutionRecord) -> None:
+        """From the event loop: a local SQLite write is quicker than a hop to a thread; a remote one runs in a
+        thread, and one that has not finished within WRITE_WAIT is given up (AuditError)."""
+        append = {"decided": self.decided, "completed": self.completed, "refused": self.refused}[kind]
+        if not self.remote:
+            append(record)
+            return
+        try:
+            # the database's own timeouts answer first; this one is for a database that cannot answer at all
+            await asyncio.wait_for(asyncio.to_thread(append, record), WRITE_WAIT + 1)
+        except TimeoutError:
+            self.abandon()
+            self.last_failure = f"the audit database did not answer within {WRITE_WAIT + 1:g} s"
+            raise AuditError(self.last_failure) from None
+
+    def write_later(self, kind: Kind, record: ExecutionRecord) -> None:
+        """A write that must outlive the task asking for it (a call being cancelled): done now when local."""
+        if not self.remote:
+            with contextlib.suppress(AuditError):
+                self._append(kind, record, COMPLETED_FIELDS if kind == "completed" else DECIDED_FIELDS)
+            return
+        task = asyncio.get_running_loop().create_task(self.write(kind, record))
+        self._pending.add(task)
+        task.add_done_callback(lambda done: (self._pending.discard(done), done.exception()))
+
     def _append(self, kind: str, record: ExecutionRecord, fields: tuple[str, ...], status: str | None = None) -> None:
         clean = self.redactor.apply(record)
-        event = {"kind": kind, "record_id": clean.record_id, **{k: getattr(clean, k) for k in fields}}
-        if status:
-            event["status"] = status
+        event = {**{k: getattr(clean, k) for k in fields}, "kind": kind, "record_id": clean.record_id,
+                 "time": clean.time, "tool": clean.tool, "agent": clean.agent, "status": status or clean.status}
         if isinstance(event.get("answer"), str) and len(event["answer"]) > EXCERPT_BYTES:
             event["answer"] = event["answer"][:EXCERPT_BYTES] + f"... ({len(event['answer']) - EXCERPT_BYTES} more)"
-        body = canonical_json(event)
+        try:
+            self._insert(event, canonical_json(event))
+        except AuditError as exc:
+            self.last_failure = str(exc)
+            raise
+        self.last_failure = None
+
+    def _insert(self, event: dict[str, Any], body: bytes) -> None:
         for _ in range(20):  # another writer took the head: retry on the new one
             try:
-                with self._lock:
+                with self._locked():
                     self._execute(self.begin)
                     try:
                         if self.lock_chain:
@@ -131,12 +203,12 @@ class SQLAudit:
                         self._execute(
                             "INSERT INTO audit_events (record_id, kind, time, tool, agent, status, body, prev_hash, "
                             "hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            (clean.record_id, kind, clean.time, clean.tool, clean.agent, event["status"], body,
-                             prev, chain_hash(prev, body)))
+                            (*(event[k] for k in INDEXED_FIELDS), body, prev, chain_hash(prev, body)))
                         self._execute("COMMIT")
                         return
                     except BaseException:
-                        self._execute("ROLLBACK")
+                        with contextlib.suppress(*self.failure):
+                            self._execute("ROLLBACK")
                         raise
             except self.conflict:
                 continue
@@ -144,59 +216,104 @@ class SQLAudit:
                 raise AuditError(f"the audit record could not be written: {exc}") from exc
         raise AuditError("the audit record could not be written: the chain's head kept moving")
 
+    def close_interrupted(self) -> int:
+        """Close, as `interrupted`, the calls left `running` by a process of this host that is gone."""
+        rows = self._query(f"SELECT body FROM audit_events WHERE kind = 'decided' AND {LAST_EVENTS}")  # noqa: S608
+        closed = 0
+        for (body,) in rows:
+            record = ExecutionRecord.model_validate(orjson.loads(bytes(body)))
+            if record.host == HOST and _alive(record.pid):
+                continue
+            if record.host not in ("", HOST):
+                continue  # another machine's replica: only it can tell
+            record.status = "interrupted"
+            record.answer = "(toolkeeper stopped while this call ran; its outcome is unknown)"
+            self.completed(record)
+            closed += 1
+        return closed
+
+    def check(self) -> None:
+        """For /readyz: raises when the trail cannot be read, or its last write failed."""
+        self._query("SELECT 1")
+        if self.last_failure:
+            raise AuditError(f"the last record could not be written: {self.last_failure}")
+
     # -- reading ------------------------------------------------------------------------
 
-    def events(self, *, since: float | None = None, tool: str | None = None, status: str | None = None,
-               agent: str | None = None, after_seq: int = 0) -> list[dict[str, Any]]:
-        query = "SELECT seq, body FROM audit_events WHERE seq > ?"
-        params: list[Any] = [after_seq]
-        for column, value in (("tool", tool), ("status", status), ("agent", agent)):
-            if value is not None:
-                query += f" AND {column} = ?"
-                params.append(value)
-        if since is not None:
-            query += " AND time >= ?"
-            params.append(since)
-        with self._lock:
-            rows = self._execute(query + " ORDER BY seq", params).fetchall()
-        return [{"seq": seq, **orjson.loads(bytes(body))} for seq, body in rows]
+    def events(self, *, after_seq: int = 0) -> list[dict[str, Any]]:
+        rows = self._query("SELECT seq, body FROM audit_events WHERE seq > ? ORDER BY seq", (after_seq,))
+        return [{"seq": seq, **_body(body)} for seq, body in rows]
 
-    def records(self, **filters: Any) -> list[AuditEntry]:
-        """One entry per call: its events merged (a call's outcome joins its decision)."""
-        merged: dict[str, dict[str, Any]] = {}
-        for event in self.events(**{k: v for k, v in filters.items() if k != "status"}):
-            merged.setdefault(event["record_id"], {}).update(event)
-        entries = [AuditEntry.model_validate(row) for row in merged.values()]
-        if filters.get("status"):
-            entries = [entry for entry in entries if entry.status == filters["status"]]
-        return entries
+    def _filtered(self, filters: dict[str, Any]) -> tuple[str, list[Any]]:
+        """The WHERE clause choosing calls by their current state (the last event of each)."""
+        where, params = [LAST_EVENTS], []
+        for column in ("tool", "status", "agent"):
+            if filters.get(column) is not None:
+                where.append(f"{column} = ?")
+                params.append(filters[column])
+        if filters.get("since") is not None:
+            where.append("time >= ?")
+            params.append(filters["since"])
+        return " AND ".join(where), params
+
+    def records(self, *, limit: int | None = None, **filters: Any) -> list[AuditEntry]:
+        """One entry per call, its events merged, oldest first; `limit`: only the newest that many."""
+        where, params = self._filtered(filters)
+        query = f"SELECT record_id FROM audit_events WHERE {where} ORDER BY seq DESC"  # noqa: S608
+        if limit is not None:
+            query += f" LIMIT {int(limit)}"
+        ids = [row[0] for row in self._query(query, params)][::-1]
+        merged: dict[str, dict[str, Any]] = {record_id: {} for record_id in ids}
+        for start in range(0, len(ids), 500):
+            batch = ids[start:start + 500]
+            marks = ",".join("?" * len(batch))
+            for seq, body in self._query(f"SELECT seq, body FROM audit_events WHERE record_id IN ({marks}) "  # noqa: S608
+                                         "ORDER BY seq", batch):
+                parsed = _body(body)
+                merged[parsed["record_id"]].update(parsed, seq=seq)
+        return [_entry(row) for row in merged.values()]
+
+    def count(self, **filters: Any) -> int:
+        where, params = self._filtered(filters)
+        return self._query(f"SELECT COUNT(*) FROM audit_events WHERE {where}", params)[0][0]  # noqa: S608
+
+    def tools(self) -> list[str]:
+        return [row[0] for row in self._query("SELECT DISTINCT tool FROM audit_events ORDER BY tool")]
 
     def record(self, record_id: str) -> AuditEntry | None:
-        with self._lock:
-            rows = self._execute("SELECT seq, body FROM audit_events WHERE record_id = ? ORDER BY seq",
-                                 (record_id,)).fetchall()
+        rows = self._query("SELECT seq, body FROM audit_events WHERE record_id = ? ORDER BY seq", (record_id,))
         if not rows:
             return None
         merged: dict[str, Any] = {}
         for seq, body in rows:
-            merged.update(orjson.loads(bytes(body)), seq=seq)
-        return AuditEntry.model_validate(merged)
+            merged.update(_body(body), seq=seq)
+        return _entry(merged)
 
-    def verify(self) -> tuple[bool, str]:
-        """Walk the chain from the start: (intact, what was found)."""
-        prev = GENESIS
-        count = 0
-        with self._lock:
-            rows = self._execute("SELECT seq, record_id, body, prev_hash, hash FROM audit_events "
-                                 "ORDER BY seq").fetchall()
-        for seq, record_id, body, prev_hash, stored in rows:
+    def verify(self, expect_head: str | None = None) -> tuple[bool, str]:
+        """Walk the chain from the start, each event's columns against its hashed body: (intact, what was found).
+
+        `expect_head`: the head hash (or its start) noted earlier; a trail that ends before it lost its tail.
+        """
+        prev, count = GENESIS, 0
+        rows = self._query(f"SELECT seq, {', '.join(INDEXED_FIELDS)}, body, prev_hash, hash FROM audit_events "  # noqa: S608
+                           "ORDER BY seq")
+        for seq, *columns, body, prev_hash, stored in rows:
             body = body.encode() if isinstance(body, str) else bytes(body)  # a tampered row may change type
             if prev_hash != prev:
-                return False, f"event {seq} (record {record_id}) does not follow the event before it"
+                return False, f"event {seq} (record {columns[0]}) does not follow the event before it"
             if chain_hash(prev_hash, body) != stored:
-                return False, f"event {seq} (record {record_id}) was altered: its content does not match its hash"
+                return False, f"event {seq} (record {columns[0]}) was altered: its content does not match its hash"
+            hashed = _hashed_columns(body)
+            for name, column, value in zip(INDEXED_FIELDS, columns, hashed, strict=True):
+                if value is not _UNHASHED and column != value:
+                    return False, (f"event {seq} (record {columns[0]}) was altered: its {name} column says "
+                                   f"{column!r}, its hashed content {value!r}")
             prev = stored
             count += 1
+        if expect_head and not prev.startswith(expect_head.lower()):
+            seen = self._query("SELECT COUNT(*) FROM audit_events WHERE hash LIKE ?", (expect_head.lower() + "%",))
+            where = "is no longer in the trail: its tail was cut off" if not seen[0][0] else "is not the last event"
+            return False, f"the expected head {expect_head} {where} (the head is {prev[:16]})"
         return True, f"{count} events, chain intact, head {prev[:16]}"
 
     def export(self, fmt: str, **filters: Any) -> str:
@@ -207,7 +324,7 @@ class SQLAudit:
         writer = csv.DictWriter(out, fieldnames=list(AuditEntry.model_fields))
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: (orjson.dumps(v).decode() if isinstance(v, (dict, list)) else v)
+            writer.writerow({k: (canonical_json(v).decode() if isinstance(v, (dict, list)) else v)
                              for k, v in row.items()})
         return out.getvalue()
 
@@ -220,57 +337,53 @@ class SQLAudit:
             time.sleep(poll)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        with contextlib.suppress(AuditError), self._locked(), contextlib.suppress(*self.failure):
+            self.connection().close()
 
 
-class SQLiteAudit(SQLAudit):
-    begin = "BEGIN IMMEDIATE"  # take the write lock before reading the head
-    conflict = (sqlite3.IntegrityError,)
-    failure = (sqlite3.Error,)
-
-    def __init__(self, path: str | Path, redactor: Redactor | None = None):
-        self.path = str(path)
-        connection = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=LOCK_WAIT)
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute("PRAGMA synchronous=FULL")
-        connection.executescript(SCHEMA.format(serial="INTEGER PRIMARY KEY AUTOINCREMENT", real="REAL", blob="BLOB"))
-        super().__init__(connection, redactor)
+class DamagedTrail(AuditError):
+    """An event that cannot be read back: someone wrote into the trail by hand."""
 
 
-class PostgresAudit(SQLAudit):
-    """The trail in PostgreSQL, shared by several replicas.
-
-    Appends take turns on a transaction-scoped advisory lock, so replicas never
-    race for the chain's head; the unique previous hash is the safety net.
-    """
-
-    lock_chain = "SELECT pg_advisory_xact_lock(7335001)"
-    remote = True
-
-    def __init__(self, url: str, redactor: Redactor | None = None):
-        import psycopg  # only for deployments that use it
-
-        self.path = url
-        self.conflict = (psycopg.errors.UniqueViolation,)
-        self.failure = (psycopg.Error,)
-        try:
-            connection = psycopg.connect(url, autocommit=True, connect_timeout=5)
-            connection.execute(f"SET lock_timeout = '{int(LOCK_WAIT * 1000)}ms'")
-            connection.execute(SCHEMA.format(serial="BIGSERIAL PRIMARY KEY", real="DOUBLE PRECISION", blob="BYTEA"))
-        except psycopg.Error as exc:
-            raise AuditError(f"cannot open the audit trail at {_without_password(url)}: {exc}") from exc
-        super().__init__(connection, redactor, placeholder="%s")
+def _body(body: Any) -> dict[str, Any]:
+    try:
+        parsed = orjson.loads(bytes(body) if not isinstance(body, str) else body.encode())
+    except orjson.JSONDecodeError as exc:
+        raise DamagedTrail(f"an event is not valid JSON ({exc}): the trail was altered; run `toolkeeper audit "
+                           "verify`") from exc
+    if not isinstance(parsed, dict) or "record_id" not in parsed:
+        raise DamagedTrail("an event is not a record: the trail was altered; run `toolkeeper audit verify`")
+    return parsed
 
 
-def open_audit(location: str | Path, redactor: Redactor | None = None) -> SQLAudit:
-    """A path is an SQLite file; a postgresql:// URL a PostgreSQL database."""
-    text = str(location)
-    if text.startswith(("postgresql://", "postgres://")):
-        return PostgresAudit(text, redactor)
-    return SQLiteAudit(text, redactor)
+def _entry(merged: dict[str, Any]) -> AuditEntry:
+    try:
+        return AuditEntry.model_validate(merged)
+    except ValueError as exc:
+        raise DamagedTrail(f"record {merged.get('record_id')} cannot be read ({str(exc).splitlines()[0]}): the "
+                           "trail was altered; run `toolkeeper audit verify`") from exc
 
 
-def _without_password(url: str) -> str:
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+_UNHASHED = object()  # a column an event of an earlier version did not repeat in its body
 
+
+def _hashed_columns(body: bytes) -> tuple[Any, ...]:
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return (None,) * len(INDEXED_FIELDS)
+    if not isinstance(parsed, dict):
+        return (None,) * len(INDEXED_FIELDS)
+    return tuple(parsed.get(name, _UNHASHED) for name in INDEXED_FIELDS)
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid != os.getpid()  # a process that wrote it and is this one: a pid reused since

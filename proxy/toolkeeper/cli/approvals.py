@@ -1,6 +1,8 @@
-"""`toolkeeper approvals`, `approve ID [--always]`, `deny ID [--reason]`: clients of the admin API.
+"""`toolkeeper approvals [--always]`, `approve ID [--always]`, `deny ID [--reason]`, `revoke ID`.
 
-The token comes from $TOOLKEEPER_ADMIN_TOKEN; the server is the one at --url.
+Clients of the admin API: the token comes from $TOOLKEEPER_ADMIN_TOKEN, the
+server is the one at --url. Every value shown has its control characters
+escaped: what the model wrote cannot rewrite the lines above it.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import json
 import os
 import urllib.error
 import urllib.request
+from datetime import datetime
 from typing import Any
 
+from toolkeeper.common import printable
 from toolkeeper.settings import TOKEN_VARIABLE, Settings
 
 APPROVALS = "/toolkeeper/approvals"
@@ -25,10 +29,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     admin.add_argument("--url", default=default_url,
                        help=f"toolkeeper's address (default {default_url}); the token comes from ${TOKEN_VARIABLE}")
     listing = commands.add_parser("approvals", parents=[admin], help="list the calls waiting for approval")
-    listing.set_defaults(run=lambda args: list_command(args.url))
+    listing.add_argument("--always", action="store_true", help="list the always grants in force instead")
+    listing.set_defaults(run=lambda args: grants_command(args.url) if args.always else list_command(args.url))
+    revoke = commands.add_parser("revoke", parents=[admin], help="revoke an always grant")
+    revoke.add_argument("id")
+    revoke.set_defaults(run=lambda args: revoke_command(args.url, args.id))
     approve = commands.add_parser("approve", parents=[admin], help="approve a waiting call")
     approve.add_argument("id")
-    approve.add_argument("--always", action="store_true", help="and always allow this tool from now on")
+    approve.add_argument("--always", action="store_true",
+                         help="and always allow this agent this tool from now on (never when a security rule asked)")
     approve.add_argument("--as", dest="approver", help="who approves (default: your user name)")
     deny = commands.add_parser("deny", parents=[admin], help="deny a waiting call")
     deny.add_argument("id")
@@ -38,7 +47,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         verb.set_defaults(run=lambda args: answer_command(
             args.url, args.id, args.command, always=getattr(args, "always", False),
             reason=getattr(args, "reason", None), approver=args.approver))
-
 
 
 def _call(url: str, method: str = "GET", body: dict | None = None) -> dict:
@@ -55,7 +63,7 @@ def _call(url: str, method: str = "GET", body: dict | None = None) -> dict:
         detail = exc.read().decode(errors="replace")
         with contextlib.suppress(json.JSONDecodeError, AttributeError):
             detail = json.loads(detail).get("error", detail)
-        raise SystemExit(f"toolkeeper: {exc.code}: {detail}") from None
+        raise SystemExit(printable(f"toolkeeper: {exc.code}: {detail}")) from None
     except urllib.error.URLError as exc:
         raise SystemExit(f"toolkeeper: cannot reach {url}: {exc.reason}") from None
 
@@ -68,8 +76,27 @@ def list_command(base: str) -> int:
     for approval in waiting:
         arguments = ", ".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
                               for k, v in approval["arguments"].items())
-        print(f"{approval['id']}  {approval['tool']}({arguments})  argv {json.dumps(approval['argv'])}  "
-              f"agent {approval['agent']}  waiting {approval['age']:.0f} s")
+        why = f"rule {approval['rule']}: {approval['why']}" if approval.get("rule") else approval.get("why") or "?"
+        header = f" ({approval['agent_header']})" if approval.get("agent_header") else ""
+        print(printable(f"{approval['id']}  {approval['tool']}({arguments})  argv {json.dumps(approval['argv'])}"))
+        print(printable(f"    why: {why}; agent {approval['agent']}{header}; waiting {approval['age']:.0f} s"))
+    return 0
+
+
+def grants_command(base: str) -> int:
+    grants = _call(base.rstrip("/") + APPROVALS + "/always")["grants"]
+    if not grants:
+        print("no always grant is in force")
+    for grant in grants:
+        when = datetime.fromtimestamp(grant["created"]).astimezone().strftime("%Y-%m-%d %H:%M %Z")
+        print(printable(f"{grant['id']}  {grant['tool']} always allowed for {grant['agent']}, "
+                        f"by {grant['approver']} since {when}"))
+    return 0
+
+
+def revoke_command(base: str, grant_id: str) -> int:
+    _call(f"{base.rstrip('/')}{APPROVALS}/always/{grant_id}/revoke", "POST", {})
+    print(f"{printable(grant_id)}: revoked")
     return 0
 
 
@@ -81,6 +108,11 @@ def answer_command(base: str, approval_id: str, verb: str, *, always: bool = Fal
     if reason:
         body["reason"] = reason
     result = _call(f"{base.rstrip('/')}{APPROVALS}/{approval_id}/{verb}", "POST", body)
-    suffix = f" (and {result['tool']} is now always allowed)" if always else ""
-    print(f"{approval_id}: {result['status']} by {result['approver']}{suffix}")
+    if result.get("note"):
+        suffix = f" ({result['note']})"
+    elif result.get("granted"):
+        suffix = f" (and {result['tool']} is now always allowed for {result['agent']}: grant {result['granted']})"
+    else:
+        suffix = ""
+    print(printable(f"{approval_id}: {result['status']} by {result['approver']}{suffix}"))
     return 0

@@ -11,7 +11,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from toolkeeper.audit import STATUSES, AuditEntry, AuditError, open_audit
+from toolkeeper.audit import STATUSES, AuditEntry, AuditError, DamagedTrail, SQLAudit, open_audit
+from toolkeeper.common import printable
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -44,8 +45,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
     audit_commands.add_parser("show", parents=[trail], help="one execution in full").add_argument("id")
     audit_commands.add_parser("tail", parents=[trail], help="follow new records as they are written")
-    audit_commands.add_parser("verify", parents=[trail],
-                              help="walk the hash chain; name the first record that does not match")
+    verify = audit_commands.add_parser("verify", parents=[trail],
+                                       help="walk the hash chain; name the first record that does not match")
+    verify.add_argument("--expect-head", metavar="HASH",
+                        help="the head hash noted earlier (`verify` prints it): a trail that lost its tail fails")
 
 
 def line(record: AuditEntry) -> str:
@@ -53,8 +56,8 @@ def line(record: AuditEntry) -> str:
     decided = record.decision or "-"
     by = record.decision_rule or record.decision_source or "-"
     duration = f"{record.duration_ms:.1f} ms"
-    return (f"{record.record_id}  {when}  {record.status:<8} {record.tool:<16} "
-            f"{decided}/{by:<22} {duration:>10}  agent {record.agent}")
+    return printable(f"{record.record_id}  {when}  {record.status:<8} {record.tool:<16} "
+                     f"{decided}/{by:<22} {duration:>10}  agent {record.agent}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,32 +72,55 @@ def run(args: argparse.Namespace) -> int:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
     try:
-        if args.audit_command == "verify":
-            intact, what = audit.verify()
-            print(("intact: " if intact else "TAMPERED: ") + what)
-            return 0 if intact else 1
-        if args.audit_command == "show":
-            record = audit.record(args.id)
-            if record is None:
-                print(f"toolkeeper: no record {args.id}", file=sys.stderr)
-                return 1
-            print(json.dumps(record.model_dump(), indent=2, ensure_ascii=False, sort_keys=True))
-            return 0
-        if args.audit_command == "tail":
-            try:
-                for event in audit.follow():
-                    record = audit.record(event["record_id"]) or AuditEntry.model_validate(event)
-                    print(f"{event['kind']:<9} {line(record)}", flush=True)
-            except KeyboardInterrupt:
-                return 0
-        filters = {"since": since(args.since), "tool": args.tool, "status": args.status, "agent": args.agent}
-        if args.audit_command == "export":
-            sys.stdout.write(audit.export(args.format, **filters))
-            return 0
-        records = audit.records(**filters)
-        for record in records:
-            print(line(record))
-        print(f"{len(records)} records")
-        return 0
+        return COMMANDS[args.audit_command](audit, args)
+    except DamagedTrail as exc:
+        print(f"toolkeeper: {printable(str(exc))}", file=sys.stderr)
+        return 1
     finally:
         audit.close()
+
+
+def verify(audit: SQLAudit, args: argparse.Namespace) -> int:
+    intact, what = audit.verify(expect_head=args.expect_head)
+    print(("intact: " if intact else "TAMPERED: ") + what)
+    return 0 if intact else 1
+
+
+def show(audit: SQLAudit, args: argparse.Namespace) -> int:
+    record = audit.record(args.id)
+    if record is None:
+        print(f"toolkeeper: no record {printable(args.id)}", file=sys.stderr)
+        return 1
+    print(printable(json.dumps(record.model_dump(), indent=2, ensure_ascii=False, sort_keys=True),
+                    keep_newlines=True))
+    return 0
+
+
+def tail(audit: SQLAudit, args: argparse.Namespace) -> int:
+    try:
+        for event in audit.follow():
+            record = audit.record(event["record_id"]) or AuditEntry.model_validate(event)
+            print(f"{event['kind']:<9} {line(record)}", flush=True)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _filters(args: argparse.Namespace) -> dict:
+    return {"since": since(args.since), "tool": args.tool, "status": args.status, "agent": args.agent}
+
+
+def export(audit: SQLAudit, args: argparse.Namespace) -> int:
+    sys.stdout.write(audit.export(args.format, **_filters(args)))
+    return 0
+
+
+def listing(audit: SQLAudit, args: argparse.Namespace) -> int:
+    records = audit.records(**_filters(args))
+    for record in records:
+        print(line(record))
+    print(f"{len(records)} records")
+    return 0
+
+
+COMMANDS = {"verify": verify, "show": show, "tail": tail, "export": export, "list": listing}

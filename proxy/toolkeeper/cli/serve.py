@@ -47,7 +47,8 @@ async def serve(agent, settings: Settings) -> int:
     app = build_app(agent, settings)
     # handler_cancellation: an agent that disconnects cancels its turn, and with
     # it the running tool (its process group is killed).
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # keepalive_timeout also closes a connection that never completes its request's headers
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.idle_timeout)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
     try:

@@ -20,11 +20,11 @@ from typing import Any
 
 import orjson
 
-from toolkeeper.audit import AuditError, CallStatus, ExecutionRecord, Observer, SQLAudit
-from toolkeeper.common import canonical_json, digest
+from toolkeeper.audit import AuditError, CallStatus, ExecutionRecord, Observer, Redactor, SQLAudit
+from toolkeeper.common import canonical_json, digest, printable
 from toolkeeper.engine.store import Store
 from toolkeeper.engine.types import ToolCall, TurnContext
-from toolkeeper.policy import Consent, ConsentRequest, Decision, Policy, policy_input
+from toolkeeper.policy import Consent, ConsentRequest, Decision, Policy, arguments_hash, policy_input
 from toolkeeper.runners import Runner
 from toolkeeper.tools import DeclaredTool, RenderError, check_arguments, invalid_call_answer, parse_arguments
 
@@ -53,6 +53,7 @@ class Outcome:
     ends_turn: str = ""  # the final message, when this call ends the turn
     ran: bool = False  # the tool ran: its record is completed, not refused
     unrecorded: bool = False  # the audit trail could not take it
+    detail: str = ""  # why it failed, for the operator's log
 
 
 @dataclass
@@ -90,6 +91,7 @@ class CallHandler:
         self.observers = list(observers)
         self.retry_window = retry_window
         self.audit = audit
+        self.redactor = audit.redactor if audit is not None else Redactor()
         self._running: dict[str, asyncio.Future[tuple[str, CallStatus]]] = {}
         # The steps in order; each answers, or returns None to go on. The run comes last.
         self.steps: tuple[Step, ...] = (self._detect_loop, self._check, self._replay, self._decide, self._record)
@@ -115,11 +117,13 @@ class CallHandler:
         """The record's second event, the log line, and the observers (which must not fail the call)."""
         if self.audit is not None and not outcome.unrecorded:
             try:
-                await self._audit(self.audit.completed if outcome.ran else self.audit.refused, record)
-            except AuditError:
-                log.exception("the audit trail lost the outcome of %s (record %s)", record.tool, record.record_id)
-        log.info("declared call %s: %s (%s) in %.1f ms", record.tool, record.status, record.decision_source or "-",
-                 record.duration_ms)
+                await self.audit.write("completed" if outcome.ran else "refused", record)
+            except AuditError as exc:
+                log.error("the audit trail lost the outcome of %s (record %s): %s", record.tool, record.record_id,
+                          exc)
+        why = f": {outcome.detail}" if outcome.detail else ""
+        log.info("declared call %s: %s (%s) in %.1f ms%s", record.tool, record.status,
+                 record.decision_source or "-", record.duration_ms, why)
         for observer in self.observers:
             try:
                 observer(record)
@@ -185,7 +189,7 @@ class CallHandler:
         decision = await self.policy.decide(document)
         state.record.decided_by(decision)
         if decision.effect == "ask":
-            state.record.decided_by(await self._ask(state))
+            state.record.decided_by(await self._ask(state, decision))
         if state.record.decision == "allow":
             return None
         state.record.status = "denied"
@@ -199,7 +203,7 @@ class CallHandler:
         if self.audit is None:
             return None
         try:
-            await self._audit(self.audit.decided, state.record)
+            await self.audit.write("decided", state.record)
         except AuditError as exc:
             log.error("%s not run: %s", state.name, exc)
             state.record.status = "failed"
@@ -214,8 +218,9 @@ class CallHandler:
             self._running[state.memo_key] = running
         try:
             result = await self.runners[state.tool.spec.runner].run(state.tool, state.argv, state.values)
-        except BaseException:
+        except BaseException as exc:
             running.cancel()
+            self._closed_early(record, exc)
             raise
         finally:
             self._running.pop(state.memo_key, None)
@@ -226,19 +231,23 @@ class CallHandler:
         record.output_sha256 = result.stdout.digest()
         answer = result.answer()
         running.set_result((answer, record.status))
+        detail = result.detail or result.trap or (f"exit status {result.exit_code}" if result.status == "failed"
+                                                  else "")
         if state.memo_key and self.store is not None:
             self.store.put_call_result(state.memo_key, orjson.dumps([answer, record.status]).decode(),
                                        self.retry_window)
-        return Outcome(answer, ran=True)
+        return Outcome(answer, ran=True, detail=detail)
 
     # -- helpers ----------------------------------------------------------------------
 
-    async def _audit(self, write: Callable[[ExecutionRecord], None], record: ExecutionRecord) -> None:
-        """A local SQLite write is quicker than a hop to a thread; a PostgreSQL one is not, and waits on the network."""
-        if self.audit is not None and self.audit.remote:
-            await asyncio.to_thread(write, record)
-        else:
-            write(record)
+    def _closed_early(self, record: ExecutionRecord, exc: BaseException) -> None:
+        """A run that ended without a result (its agent left, or a bug) still gets its closing event."""
+        record.status = "cancelled" if isinstance(exc, asyncio.CancelledError) else "failed"
+        record.answer = ("(the agent disconnected; the tool was stopped)" if record.status == "cancelled"
+                         else f"(toolkeeper failed while the tool ran: {exc!r})")
+        log.info("declared call %s: %s", record.tool, record.status)
+        if self.audit is not None:
+            self.audit.write_later("completed", record)
 
     async def _replayed(self, memo_key: str) -> tuple[str, CallStatus] | None:
         if not memo_key:
@@ -258,13 +267,17 @@ class CallHandler:
                 return answer, status
         return None
 
-    async def _ask(self, state: _Call) -> Decision:
+    async def _ask(self, state: _Call, asking: Decision) -> Decision:
         started = time.monotonic()
-        request = ConsentRequest(state.name, state.values, state.argv, state.context.turn.agent)
+        turn = state.context.turn
+        arguments, argv = self.redactor.shown(state.values, state.argv)  # what a person and the log may see
+        request = ConsentRequest(state.name, arguments, argv, turn.agent, args_hash=arguments_hash(state.values),
+                                 reason=asking.reason, rule=asking.rule_id, source=asking.source,
+                                 agent_header=turn.agent_header)
         answer = await self.consent.ask(request)
         log.info("consent for %s: %s by %s in %.1f s", state.name, "yes" if answer.allowed else "no",
-                 answer.approver, time.monotonic() - started)
-        state.record.consent = "approved" if answer.allowed else "denied"
+                 printable(answer.approver), time.monotonic() - started)
+        state.record.consent = "always" if answer.always else "approved" if answer.allowed else "denied"
         state.record.approver = answer.approver
         if answer.allowed:
             return Decision("allow", "consent", f"approved by {answer.approver}")

@@ -45,6 +45,7 @@ class _Turn:
     usage: dict[str, Any] | None = None
     head: dict[str, Any] | None = None
     hidden: list[dict[str, Any]] = field(default_factory=list)  # what the model saw and the agent did not
+    hidden_round: Round | None = None  # the last round whose calls went into `hidden`
     rounds: int = 0
 
     def see(self, delta: dict[str, str]) -> None:
@@ -57,6 +58,10 @@ class _Turn:
             text = "\n\n" + text
         self.see({"content": text})
         return Visible(({"content": text},), self.head)
+
+    def hide(self, last: Round, results: list[dict[str, Any]]) -> None:
+        self.hidden += [last.assistant_message(), *results]
+        self.hidden_round = last
 
     def counted(self, last: Round) -> None:
         self.rounds += 1
@@ -79,8 +84,9 @@ class _Turn:
             exchange = list(self.hidden)
             if said:
                 exchange.append({"role": "assistant", "content": said})
-            elif not own:
-                exchange.append(last.assistant_message())  # the answer, as the model wrote it
+            elif last is not self.hidden_round:
+                # the round the agent received (an answer, or calls of its own only), as the model wrote it
+                exchange.append(last.assistant_message())
         return TurnResult(
             head=self.head or last.head,
             text={key: "".join(parts) for key, parts in self.text.items()},
@@ -164,7 +170,7 @@ class Engine:
                                                       truncated=last.finish_reason == "length")
                     answer, ending = outcome.answer, ending or outcome.ends_turn
                 results.append({"role": "tool", "tool_call_id": call.id, "content": answer})
-            turn.hidden += [last.assistant_message(), *results]
+            turn.hide(last, results)
             if ending:
                 yield turn.say(ending)
                 yield self._finish(turn, last, [], said=ending)

@@ -8,13 +8,22 @@ of HTTP or of the tool loop.
 
 from toolkeeper.policy.approvals import ApprovalsConsent, ApprovalsStore, arguments_hash
 from toolkeeper.policy.combined import Policy, policy_input, tier_decision
-from toolkeeper.policy.consent import Consent, ConsentAnswer, ConsentRequest, NoConsent, TerminalConsent, has_terminal
+from toolkeeper.policy.consent import (
+    RULE_SOURCES,
+    Consent,
+    ConsentAnswer,
+    ConsentRequest,
+    NoConsent,
+    TerminalConsent,
+    has_terminal,
+)
 from toolkeeper.policy.decision import Decision, Effect, most_restrictive
 from toolkeeper.policy.opa import DEFAULT_PATH, OpaPolicy
 from toolkeeper.policy.rules import Rules, RulesError, default_rules_path, load_rules
 
 __all__ = [
     "DEFAULT_PATH",
+    "RULE_SOURCES",
     "ApprovalsConsent",
     "ApprovalsStore",
     "Consent",

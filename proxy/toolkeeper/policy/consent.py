@@ -1,8 +1,13 @@
 """Consent channels: who is asked when a call's decision is "ask".
 
-For now there are two: the terminal toolkeeper runs in, and none (every ask is a
-deny the model is told about). The approvals API joins them behind the same
-`Consent` interface.
+The terminal toolkeeper runs in, the approvals store (approvals.py), or none
+(every ask is a deny the model is told about, with the reason it asked). What
+a person is shown has its secrets redacted and its control characters
+escaped: a value cannot rewrite the lines of the prompt above it.
+
+An "always" answer covers one agent and one tool, and never a security
+rule's ask: only the yolo/tier ask ("a gated tool, and yolo: false") can be
+answered once for all.
 """
 
 from __future__ import annotations
@@ -12,19 +17,34 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
+from toolkeeper.common import printable
 from toolkeeper.tools import render_scalar
+
+RULE_SOURCES = ("rules", "opa")  # an ask from these is the security team's: an always answer cannot lift it
 
 
 @dataclass(frozen=True)
 class ConsentRequest:
     tool: str
-    arguments: dict[str, Any]
-    argv: list[str] = field(default_factory=list)
+    arguments: dict[str, Any]  # as a person may see them: secrets redacted
+    argv: list[str] = field(default_factory=list)  # likewise
     agent: str = ""  # who asks: an approval is for this agent only
+    args_hash: str = ""  # of the exact arguments: an approval is for these only
+    reason: str = ""  # why it asks
+    rule: str | None = None  # the rule that asks, when one does
+    source: str = ""  # rules | opa | yolo
+    agent_header: str | None = None  # the identity header the deployment set
+
+    @property
+    def rule_asks(self) -> bool:
+        return self.source in RULE_SOURCES
 
     def summary(self) -> str:
         args = ", ".join(f"{k}={render_scalar(v)}" for k, v in self.arguments.items())
-        return f"{self.tool}({args})"
+        return printable(f"{self.tool}({args})")
+
+    def why(self) -> str:
+        return printable(f"rule {self.rule}: {self.reason}" if self.rule else self.reason)
 
 
 @dataclass(frozen=True)
@@ -32,6 +52,7 @@ class ConsentAnswer:
     allowed: bool
     approver: str
     reason: str = ""
+    always: bool = False  # allowed by, or granting, an always answer
 
 
 class Consent(Protocol):
@@ -41,12 +62,13 @@ class Consent(Protocol):
 
 
 class NoConsent:
-    """No one to ask: every ask is a deny."""
+    """No one to ask: every ask is a deny, and the model is told why it asked."""
 
     can_ask = False
 
     async def ask(self, request: ConsentRequest) -> ConsentAnswer:
-        return ConsentAnswer(False, "none", "no consent channel: toolkeeper runs without a terminal and yolo is false")
+        return ConsentAnswer(False, "none", f"{request.reason}; it needs a person's approval and no approver was "
+                                            "available (toolkeeper runs without a terminal or an approvals channel)")
 
 
 class TerminalConsent:
@@ -58,33 +80,45 @@ class TerminalConsent:
         self.stdin = stdin
         self.stderr = stderr
         self.timeout = timeout
-        self.always: set[str] = set()
+        self.always: set[tuple[str, str]] = set()  # (agent, tool)
         self._lock = asyncio.Lock()
 
     async def ask(self, request: ConsentRequest) -> ConsentAnswer:
-        if request.tool in self.always:
-            return ConsentAnswer(True, "terminal", "always allowed earlier in this session")
+        key = (request.agent, request.tool)
         async with self._lock:
-            if request.tool in self.always:
-                return ConsentAnswer(True, "terminal", "always allowed earlier in this session")
-            argv = f"\n  argv: {request.argv}" if request.argv else ""
-            self.stderr.write(f"{argv}\nAllow {request.summary()}? [y]es [n]o [a]lways ")
+            if key in self.always and not request.rule_asks:
+                return ConsentAnswer(True, "terminal", "always allowed earlier in this session", always=True)
+            argv = f"\n  argv: {printable(str(request.argv))}" if request.argv else ""
+            self.stderr.write(f"{argv}\n  why: {request.why()}\nAllow {request.summary()}? [y]es [n]o [a]lways ")
             self.stderr.flush()
-            loop = asyncio.get_running_loop()
             try:
-                line = await asyncio.wait_for(loop.run_in_executor(None, self.stdin.readline), self.timeout)
+                answer = await asyncio.wait_for(self._answer(), self.timeout)
             except TimeoutError:
                 self.stderr.write("\n(no answer: denied)\n")
                 return ConsentAnswer(False, "terminal", f"no answer within {self.timeout:g} s")
-        answer = line.strip().lower()
-        if answer in ("a", "always"):
-            self.always.add(request.tool)
-            return ConsentAnswer(True, "terminal", "always")
-        if answer in ("y", "yes"):
+        if answer == "a" and request.rule_asks:
+            self.stderr.write("(a security rule asked: allowed this once, not always)\n")
+            answer = "y"
+        if answer == "a":
+            self.always.add(key)
+            return ConsentAnswer(True, "terminal", "always", always=True)
+        if answer == "y":
             return ConsentAnswer(True, "terminal", "yes")
         return ConsentAnswer(False, "terminal", "the user said no")
+
+    async def _answer(self) -> str:
+        """y, n or a; anything else asks again (a stray key is no answer)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            line = await loop.run_in_executor(None, self.stdin.readline)
+            if not line:
+                return "n"  # the terminal closed
+            answer = {"y": "y", "yes": "y", "n": "n", "no": "n", "a": "a", "always": "a"}.get(line.strip().lower())
+            if answer:
+                return answer
+            self.stderr.write("Please answer y (yes), n (no) or a (always): ")
+            self.stderr.flush()
 
 
 def has_terminal() -> bool:
     return sys.stdin is not None and sys.stdin.isatty()
-

@@ -8,20 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
-import orjson
-
+from toolkeeper.common import dumps
 from toolkeeper.runners.base import OutputBuffer, RunResult, Status, tool_environment
+from toolkeeper.runners.reaper import Reaper
 from toolkeeper.tools import DeclaredTool
 
 READ_CHUNK = 64 * 1024
 
 
 class ArgvRunner:
+    def __init__(self) -> None:
+        self.reaper = Reaper()
+
     async def run(self, tool: DeclaredTool, argv: list[str], values: dict[str, Any]) -> RunResult:
         spec = tool.spec
         stdout, stderr = OutputBuffer(spec.max_output), OutputBuffer(max(256, spec.max_output // 4))
@@ -37,14 +42,16 @@ class ArgvRunner:
                 start_new_session=True,  # its own process group, killed as one
             )
         except OSError as exc:
-            return RunResult("error", None, stdout, stderr, time.monotonic() - started, exc.strerror or str(exc))
+            return RunResult("error", None, stdout, stderr, time.monotonic() - started,
+                             why_not_started(exc, argv[0], tool.workdir))
 
+        self.reaper.watch(process.pid)
         readers = asyncio.gather(_drain(process.stdout, stdout), _drain(process.stderr, stderr))
+        stdin = dumps(values) if spec.stdin == "json" else None
         try:
-            if spec.stdin == "json":
-                await _feed_stdin(process, orjson.dumps(values))
             try:
-                await asyncio.wait_for(process.wait(), spec.timeout)
+                # writing the input counts: a program that never reads it must not hold the call past its time
+                await asyncio.wait_for(_feed_and_wait(process, stdin), spec.timeout)
             except TimeoutError:
                 _kill_group(process.pid)
                 await process.wait()
@@ -59,6 +66,8 @@ class ArgvRunner:
             _kill_group(process.pid)
             readers.cancel()
             raise
+        finally:
+            self.reaper.forget(process.pid)
         status: Status = "ok" if process.returncode == 0 else "failed"
         return RunResult(status, process.returncode, stdout, stderr, time.monotonic() - started)
 
@@ -68,6 +77,27 @@ async def _drain(stream: asyncio.StreamReader | None, buffer: OutputBuffer) -> N
         return
     while chunk := await stream.read(READ_CHUNK):
         buffer.feed(chunk)
+
+
+async def _feed_and_wait(process: asyncio.subprocess.Process, stdin: bytes | None) -> None:
+    if stdin is not None:
+        await _feed_stdin(process, stdin)
+    await process.wait()
+
+
+def why_not_started(exc: OSError, program: str, workdir: Path) -> str:
+    """Why a program could not start, in words that name the fix (the OS says only "No such file")."""
+    path = workdir / program if "/" in program else None
+    if exc.errno == errno.ENOENT and path is not None and path.is_file():
+        with contextlib.suppress(OSError), path.open("rb") as handle:
+            first = handle.readline(256).decode(errors="replace").strip()
+            if first.startswith("#!"):
+                return f"{program}: its interpreter line names a program that does not exist ({first})"
+    if exc.errno == errno.ENOEXEC:
+        return f"{program}: not an executable format (a script needs a #! line naming its interpreter)"
+    if exc.errno == errno.EACCES:
+        return f"{program}: permission denied (is it executable?)"
+    return f"{program}: {exc.strerror or exc}"
 
 
 async def _feed_stdin(process: asyncio.subprocess.Process, data: bytes) -> None:

@@ -47,7 +47,8 @@ DEFAULT_RESERVED_NAMES = frozenset(
     }
 )
 
-NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # matched whole: `bash\n` is not `bash`
+PARAMETER_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,63}")
 SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "csh", "tcsh", "busybox"})
 
 # Tool output handed back to the model is cut to this many bytes (head and tail
@@ -100,6 +101,8 @@ class Parameter(Strict):
             raise ValueError("a parameter with a default is not required; drop one of the two")
         if self.enum is not None and not self.enum:
             raise ValueError("enum must list at least one value")
+        if self.enum is not None and self.has_default and self.default is not None and self.default not in self.enum:
+            raise ValueError(f"the default {self.default!r} is not one of the enum's values")
         if self.type in ("array", "object") and (self.pattern or self.minimum is not None or self.maximum is not None):
             raise ValueError("pattern, minimum and maximum apply to scalar parameters only")
         return self
@@ -134,7 +137,7 @@ class ToolSpec(Strict):
     @field_validator("name")
     @classmethod
     def _name_shape(cls, value: str) -> str:
-        if not NAME_PATTERN.match(value):
+        if not NAME_PATTERN.fullmatch(value):
             raise ValueError("a tool name is 1 to 64 letters, digits, '_' or '-'")
         return value
 
@@ -149,7 +152,7 @@ class ToolSpec(Strict):
     @classmethod
     def _parameter_names(cls, value: dict[str, Parameter]) -> dict[str, Parameter]:
         for name in value:
-            if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$", name):
+            if not PARAMETER_NAME.fullmatch(name):
                 raise ValueError(f"parameter name {name!r} must be a letter or '_' then letters, digits or '_'")
         return value
 
@@ -158,13 +161,52 @@ class ToolSpec(Strict):
         return "wasm" if self.wasm else "argv"
 
 
+class AgentKey(Strict):
+    """An agent allowed to use toolkeeper, and the SHA-256 (hex) of the key it presents."""
+
+    name: str = Field(min_length=1, max_length=64)
+    key_sha256: str
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex_digest(cls, value: str) -> str:
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+            raise ValueError("the SHA-256 of the key, as 64 hex digits (printf %s \"$KEY\" | sha256sum)")
+        return value.lower()
+
+
+def _unique_agents(agents: tuple[AgentKey, ...]) -> tuple[AgentKey, ...]:
+    names = [agent.name for agent in agents]
+    digests = [agent.key_sha256 for agent in agents]
+    if len(set(names)) != len(names) or len(set(digests)) != len(digests):
+        raise ValueError("each agent needs its own name and its own key")
+    return agents
+
+
+class KeysFile(Strict):
+    """`--agent-keys FILE`: the agents, kept apart from the agent file."""
+
+    agents: tuple[AgentKey, ...] = ()
+
+    @field_validator("agents")
+    @classmethod
+    def _unique(cls, value: tuple[AgentKey, ...]) -> tuple[AgentKey, ...]:
+        return _unique_agents(value)
+
+
 class AgentFile(Strict):
     upstream: str = "https://api.openai.com/v1"
     api_key_env: str | None = None
     yolo: bool = False
     reserved: tuple[str, ...] = ()
     schema_style: Literal["plain", "standard"] = Field(default="plain", alias="schema")
+    agents: tuple[AgentKey, ...] = ()  # required when api_key_env is set: toolkeeper then holds the key
     tools: tuple[ToolSpec, ...] = ()
+
+    @field_validator("agents")
+    @classmethod
+    def _unique(cls, value: tuple[AgentKey, ...]) -> tuple[AgentKey, ...]:
+        return _unique_agents(value)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -173,6 +215,10 @@ class AgentFile(Strict):
     def _upstream_url(cls, value: str) -> str:
         if not re.match(r"^https?://[^/\s]+", value):
             raise ValueError("upstream must be an http:// or https:// base URL, like https://api.openai.com/v1")
+        if "@" in value.split("/", 3)[2]:
+            # never echo the value: it holds a password
+            raise ValueError("upstream must not carry user:password@ (it would show in logs and fight the agent's "
+                             "own Authorization); give the key with api_key_env instead")
         return value.rstrip("/")
 
 
@@ -233,6 +279,14 @@ def load_agent_file(path: str | os.PathLike[str], *, upstream: str | None = None
     if config.api_key_env and config.api_key_env not in os.environ:
         raise AgentFileError(f"{path}: key 'api_key_env': the variable {config.api_key_env} is not set")
     return Agent(path, config, tools)
+
+
+def load_agent_keys(path: str | os.PathLike[str]) -> dict[str, str]:
+    """A keys file: the SHA-256 of each agent's key -> the agent's name."""
+    path = Path(path).resolve()
+    keys, _, _ = load_yaml_model(path, KeysFile, AgentFileError, what="the agent keys file", entries="agents",
+                                 entry="agent", name_key="name")
+    return {agent.key_sha256: agent.name for agent in keys.agents}
 
 
 def _compile_tool(path: Path, tool: ToolSpec, where: str) -> DeclaredTool:

@@ -8,13 +8,13 @@ model can try again. Coercion is lenient only where no guess is needed:
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
+from toolkeeper.common import dumps
 from toolkeeper.tools.agentfile import Parameter, ToolSpec
 from toolkeeper.tools.schemas import CLOSING_SENTENCE, constraint_words
 from toolkeeper.tools.templates import render_scalar
@@ -22,6 +22,8 @@ from toolkeeper.tools.templates import render_scalar
 INTEGER_TEXT = re.compile(r"^\s*[-+]?\d+\s*$")
 NUMBER_TEXT = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
 QUOTE_LIMIT = 2000
+MAX_DEPTH = 32  # nesting of the arguments object; deeper is no call a tool needs
+EXACT_FLOAT = 2**53  # past this, a float no longer holds every integer exactly
 
 
 @dataclass
@@ -48,12 +50,36 @@ def parse_arguments(raw: Any, *, truncated: bool = False) -> tuple[dict[str, Any
     if not isinstance(raw, str):
         return None, "the arguments must be a JSON object"
     try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        return None, f"the arguments are not valid JSON ({exc})"
+        # the standard library keeps a big integer's every digit (orjson would make it a float)
+        parsed = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        return None, f"the arguments are not valid JSON ({_first_line(exc)})"
     if not isinstance(parsed, dict):
         return None, "the arguments must be a JSON object with one field per parameter"
+    if _depth(parsed) > MAX_DEPTH:
+        return None, f"the arguments are nested more than {MAX_DEPTH} levels deep"
     return parsed, None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _depth(value: Any) -> int:
+    """How deeply a parsed value nests, without recursion (it may be very deep)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if deepest > MAX_DEPTH:
+            break
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
 
 
 def check_arguments(tool: ToolSpec, arguments: dict[str, Any]) -> Checked:
@@ -117,17 +143,20 @@ def _coerce_scalar(name: str, kind: str, value: Any) -> tuple[Any, str | None]:
     if kind == "integer":
         if isinstance(value, int):
             return value, None
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and abs(value) <= EXACT_FLOAT:
             return int(value), None
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            return None, (f"{name} is too large to be exact as written ({_show(value)}); "
+                          "write the whole number with all its digits")
         if isinstance(value, str) and INTEGER_TEXT.match(value):
             return int(value), None
         return None, f"{name} must be a whole number like 3, got {_show(value)}"
     # number
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return value, None
     if isinstance(value, str) and NUMBER_TEXT.match(value):
         text = value.strip()
-        return (int(text) if INTEGER_TEXT.match(text) else float(text)), None
+        value = int(text) if INTEGER_TEXT.match(text) else float(text)
+    if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+        return value, None
     return None, f"{name} must be a number like 2.5, got {_show(value)}"
 
 
@@ -159,12 +188,14 @@ def _name_packed_fields(tool: ToolSpec, arguments: dict[str, Any], checked: Chec
 
 
 def _show(value: Any) -> str:
-    return orjson.dumps(value).decode()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return dumps(value).decode()
 
 
 def invalid_call_answer(tool: ToolSpec, sent: Any, problems: list[str]) -> str:
     """The tool result for an invalid call: what was wrong, what was sent, what to send."""
-    quoted = sent if isinstance(sent, str) else orjson.dumps(sent).decode()
+    quoted = sent if isinstance(sent, str) else dumps(sent).decode()
     if len(quoted) > QUOTE_LIMIT:
         quoted = quoted[:QUOTE_LIMIT] + f"... ({len(quoted) - QUOTE_LIMIT} more characters)"
     lines = [f"Error: the call to {tool.name} was not run:"]

@@ -25,9 +25,11 @@ class RenderError(ValueError):
 
 
 def render_scalar(value: Any) -> str:
-    """A value as JSON writes a scalar: true/false, 3, 2.5; strings as they are."""
+    """A value as JSON writes a scalar: true/false, 3, 2.5; strings as they are; an integer with all its digits."""
     if isinstance(value, str):
         return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
     return orjson.dumps(value).decode()
 
 
@@ -95,18 +97,31 @@ class CommandTemplate:
                 continue
             whole = entry.whole
             if whole in self.arrays:
-                argv.extend(self._checked(whole, render_scalar(item), whole=True) for item in values[whole])
+                argv.extend(self._checked(whole, render_scalar(item)) for item in values[whole])
                 continue
             text = PLACEHOLDER.sub(lambda m: render_scalar(values[m.group(1)]), entry.text)
-            argv.append(self._checked(whole or entry.placeholders[0], text, whole=whole is not None))
+            argv.append(self._checked(_first(entry, values), text, literal_dash=entry.text.startswith("-")))
         return argv
 
-    def _checked(self, name: str, text: str, *, whole: bool) -> str:
+    def _checked(self, name: str, text: str, *, literal_dash: bool = False) -> str:
+        """An entry whose template text does not start with '-' never renders to one that does, unless the
+        parameter at its start allows it: a value cannot pose as an option, whole or as a prefix."""
         if "\x00" in text:
             raise RenderError(f"{name} contains a NUL character, which no program argument can hold")
-        if whole and text.startswith("-") and name not in self.allow_dash:
+        if text.startswith("-") and not literal_dash and name not in self.allow_dash:
             raise RenderError(
                 f"{name} starts with '-' ({text!r}), so the program would read it as an option; "
                 "give a value that does not start with '-'"
             )
         return text
+
+
+def _first(entry: Entry, values: Mapping[str, Any]) -> str:
+    """The parameter whose value starts the rendered entry (an empty value lets the next one start it)."""
+    match = PLACEHOLDER.match(entry.text)
+    while match is not None:
+        name = match.group(1)
+        if render_scalar(values[name]):
+            return name
+        match = PLACEHOLDER.match(entry.text, match.end())
+    return entry.placeholders[0]

@@ -9,13 +9,14 @@ from toolkeeper.wire.admin import AdminGuard, admin_app, approvals_api
 from toolkeeper.wire.auditpage import AuditPage
 from toolkeeper.wire.chat import ChatCompletions
 from toolkeeper.wire.scripted import ScriptedModel, serve_scripted
-from toolkeeper.wire.server import proxy_app
+from toolkeeper.wire.server import Check, proxy_app
 from toolkeeper.wire.upstream import Upstream, UpstreamError
 
 __all__ = [
     "AdminGuard",
     "AuditPage",
     "ChatCompletions",
+    "Check",
     "ScriptedModel",
     "Upstream",
     "UpstreamError",

@@ -23,7 +23,8 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from toolkeeper.policy import ApprovalsConsent, ApprovalsStore
+from toolkeeper.common import printable
+from toolkeeper.policy import RULE_SOURCES, ApprovalsConsent, ApprovalsStore
 from toolkeeper.settings import TOKEN_VARIABLE
 
 log = logging.getLogger("toolkeeper")
@@ -85,29 +86,38 @@ def admin_app(guard: AdminGuard, *parts: Callable[[web.Application], None]) -> w
 
 
 def approvals_api(store: ApprovalsStore, channel: ApprovalsConsent | None) -> Callable[[web.Application], None]:
-    """The approvals API, for the admin sub-app (behind its guard)."""
+    """The approvals API, for the admin sub-app (behind its guard).
+
+        GET  /approvals                       waiting calls: tool, arguments (redacted), argv, why, agent, age
+        POST /approvals/{id}/approve|deny     {"always": true} grants the agent the tool; {"reason": "..."}
+        GET  /approvals/always                the always grants in force
+        POST /approvals/always/{id}/revoke
+    """
 
     async def listing(request: web.Request) -> web.Response:
         now = time.time()
         waiting = [{**a, "age": round(now - a["created"], 1)} for a in store.list_approvals("waiting")]
-        return web.json_response({"approvals": waiting})
+        return web.json_response({"approvals": waiting})  # ASCII JSON: control characters arrive escaped
 
     async def answer(request: web.Request) -> web.Response:
         approval_id, verb = request.match_info["id"], request.match_info["verb"]
-        try:
-            body = orjson.loads(await request.read()) if request.body_exists else {}
-        except orjson.JSONDecodeError:
-            return json_error(400, "the body must be JSON")
-        if not isinstance(body, dict):
-            return json_error(400, "the body must be a JSON object")
+        body = await _json_object(request)
+        if isinstance(body, web.Response):
+            return body
         approval = store.get_approval(approval_id)
         if approval is None:
             return json_error(404, f"no approval {approval_id}")
         approver = str(body.get("approver") or "admin")
+        note = ""
         if verb == "approve":
-            moved = store.settle_approval(approval_id, "approved", approver, None)
-            if moved and body.get("always"):
-                store.allow_always(approval["tool"], approver)
+            always = bool(body.get("always"))
+            if always and approval.get("source") in RULE_SOURCES:
+                always, note = False, "approved once: a security rule asked, and an always answer cannot lift it"
+            moved = store.settle_approval(approval_id, "approved", approver, None,
+                                          granted="pending" if always else None)
+            if moved and always:
+                grant = store.grant(approval["agent"], approval["tool"], approver)
+                store.settle_approval(approval_id, "approved", None, None, only_from=("approved",), granted=grant)
         else:
             reason = str(body.get("reason") or "denied by " + approver)
             moved = store.settle_approval(approval_id, "denied", approver, reason)
@@ -115,11 +125,34 @@ def approvals_api(store: ApprovalsStore, channel: ApprovalsConsent | None) -> Ca
             return json_error(409, f"{approval_id} is {approval['status']}, not waiting")
         if channel is not None:
             channel.answered(approval_id)
-        log.info("approval %s: %s by %s", approval_id, verb, approver)
-        return web.json_response(store.get_approval(approval_id))
+        log.info("approval %s: %s by %s", approval_id, verb, printable(approver))
+        return web.json_response({**(store.get_approval(approval_id) or {}), **({"note": note} if note else {})})
+
+    async def grants(request: web.Request) -> web.Response:
+        return web.json_response({"grants": store.grants()})
+
+    async def revoke(request: web.Request) -> web.Response:
+        grant_id = request.match_info["id"]
+        if not store.revoke(grant_id):
+            return json_error(404, f"no always grant {grant_id} in force")
+        log.info("always grant %s revoked", grant_id)
+        return web.json_response({"id": grant_id, "revoked": True})
 
     def add_routes(app: web.Application) -> None:
         app.router.add_get("/approvals", listing)
+        app.router.add_get("/approvals/always", grants)
+        app.router.add_post("/approvals/always/{id}/revoke", revoke)
         app.router.add_post("/approvals/{id}/{verb:approve|deny}", answer)
 
     return add_routes
+
+
+async def _json_object(request: web.Request) -> dict | web.Response:
+    """The body as a JSON object, or the 400 that says why not."""
+    try:
+        body = orjson.loads(await request.read()) if request.body_exists else {}
+    except orjson.JSONDecodeError:
+        return json_error(400, "the body must be JSON")
+    if not isinstance(body, dict):
+        return json_error(400, "the body must be a JSON object")
+    return body

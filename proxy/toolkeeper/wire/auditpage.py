@@ -7,6 +7,7 @@ token, a script sends `Authorization: Bearer` (wire/admin.py).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
@@ -18,10 +19,12 @@ from typing import Any
 from aiohttp import web
 
 from toolkeeper.audit import STATUSES, AuditEntry, SQLAudit
+from toolkeeper.common import printable
 from toolkeeper.wire.admin import COOKIE, AdminGuard
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
 
 PREFIX = ADMIN_PREFIX + "/audit"
+PAGE = 500
 SINCE = {"1h": 3600, "24h": 86400, "7d": 604800, "30d": 2592000}
 
 STYLE = """
@@ -61,17 +64,22 @@ def _sign_in_form(message: str = "The audit page needs the admin token.") -> web
     return response
 
 
+def _show(value: Any, block: bool = False) -> str:
+    """HTML for a value: control and bidi characters escaped first, so a value cannot reorder what is read."""
+    return escape(printable(str(value), keep_newlines=block))
+
+
 def _field(name: str, value: Any, block: bool = False) -> str:
     if value is None or value == "" or value == []:
         return ""
     if isinstance(value, (dict, list)):
         value, block = json.dumps(value, indent=2, ensure_ascii=False), True
-    shown = f"<pre>{escape(str(value))}</pre>" if block else escape(str(value))
+    shown = f"<pre>{_show(value, block)}</pre>" if block else _show(value)
     return f"<dt>{escape(name)}</dt><dd id='{escape(name)}'>{shown}</dd>"
 
 
 def _options(values: Iterable[str], selected: str | None) -> str:
-    return "".join(f"<option{' selected' if selected == v else ''}>{escape(v)}</option>" for v in values)
+    return "".join(f"<option{' selected' if selected == v else ''}>{_show(v)}</option>" for v in values)
 
 
 class AuditPage:
@@ -105,31 +113,35 @@ class AuditPage:
         filters = {"tool": query.get("tool") or None, "status": query.get("status") or None,
                    "agent": query.get("agent") or None}
         since = SINCE.get(query.get("since", ""))
-        records = self.audit.records(since=time.time() - since if since else None, **filters)[-500:][::-1]
-        tools = sorted({r.tool for r in self.audit.records()} - {""})
+        filters["since"] = time.time() - since if since else None
+        # paged and counted in SQL, off the event loop: a large trail or a slow database never stalls the proxy
+        records, total, tools = await asyncio.to_thread(
+            lambda: (self.audit.records(limit=PAGE, **filters)[::-1], self.audit.count(**filters),
+                     self.audit.tools()))
         form = (f"<form method=get action='{PREFIX}'>"
                 f"<label>tool<select name=tool><option value=''>any</option>"
                 f"{_options(tools, query.get('tool'))}</select></label>"
                 f"<label>status<select name=status><option value=''>any</option>"
                 f"{_options(STATUSES, query.get('status'))}</select></label>"
-                f"<label>agent<input name=agent value='{escape(query.get('agent', ''))}' size=18></label>"
+                f"<label>agent<input name=agent value='{_show(query.get('agent', ''))}' size=18></label>"
                 f"<label>since<select name=since><option value=''>ever</option>"
                 f"{_options(SINCE, query.get('since'))}</select></label>"
                 f"<button type=submit>Filter</button></form>")
         rows = "".join(
             f"<tr class=record><td><a href='{PREFIX}/{escape(r.record_id)}'>{escape(_when(r.time))}</a></td>"
-            f"<td class='{escape(r.status)} status'>{escape(r.status)}</td>"
-            f"<td class=tool>{escape(r.tool)}</td>"
+            f"<td class='{escape(r.status)} status'>{_show(r.status)}</td>"
+            f"<td class=tool>{_show(r.tool)}</td>"
             f"<td>{r.duration_ms:.1f} ms</td>"
-            f"<td>{escape(r.decision)} <small>{escape(_decided_by(r))}</small></td>"
-            f"<td><code>{escape(r.agent)}</code></td></tr>"
+            f"<td>{_show(r.decision)} <small>{_show(_decided_by(r))}</small></td>"
+            f"<td><code>{_show(r.agent)}</code></td></tr>"
             for r in records)
         table = ("<table><thead><tr><th>time</th><th>status</th><th>tool</th><th>duration</th><th>decision</th>"
                  f"<th>agent</th></tr></thead><tbody>{rows}</tbody></table>")
-        return _page("toolkeeper audit", f"{form}<p>{len(records)} executions</p>{table}")
+        shown = f"the latest {len(records)} of {total}" if total > len(records) else f"{total}"
+        return _page("toolkeeper audit", f"{form}<p>{shown} executions</p>{table}")
 
     async def detail(self, request: web.Request) -> web.Response:
-        record = self.audit.record(request.match_info["id"])
+        record = await asyncio.to_thread(self.audit.record, request.match_info["id"])
         if record is None:
             return _page("not found", "<p>No such execution.</p>")
         fields = "".join([

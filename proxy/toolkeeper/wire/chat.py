@@ -23,8 +23,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from toolkeeper.common import dumps
 from toolkeeper.engine import Engine, Event, TurnContext, TurnResult, Visible, Working
 from toolkeeper.metrics import Metrics
+from toolkeeper.wire.chat_stream import of_json_type
+from toolkeeper.wire.guard import AGENT_NAME, is_json
 from toolkeeper.wire.upstream import Upstream, UpstreamError, error_body
 
 log = logging.getLogger("toolkeeper")
@@ -33,8 +36,8 @@ KEEPALIVE = b": keep-alive\n\n"
 DONE = b"data: [DONE]\n\n"
 
 
-def bad_request(message: str, code: str = "invalid_request") -> web.Response:
-    return web.Response(status=400, body=error_body(message, code, "invalid_request_error"),
+def bad_request(message: str, code: str = "invalid_request", status: int = 400) -> web.Response:
+    return web.Response(status=status, body=error_body(message, code, "invalid_request_error"),
                         content_type="application/json")
 
 
@@ -45,15 +48,72 @@ def credentials_hash(headers: Any) -> str:
 
 
 def check_request(body: Any) -> str | None:
+    """What is wrong with a chat request, in the words a 400 gives; None when the engine can take it."""
     if not isinstance(body, dict):
         return "the request body must be a JSON object"
-    if not isinstance(body.get("messages"), list) or not body["messages"]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
         return "'messages' must be a non-empty list of messages"
-    if any(not isinstance(m, dict) or "role" not in m for m in body["messages"]):
-        return "every message must be an object with a 'role'"
+    for position, message in enumerate(messages):
+        problem = _check_message(message)
+        if problem:
+            return f"messages[{position}]: {problem}"
     tools = body.get("tools")
-    if tools is not None and (not isinstance(tools, list) or any(not isinstance(t, dict) for t in tools)):
-        return "'tools' must be a list of tool objects"
+    if tools is not None:
+        if not isinstance(tools, list):
+            return "'tools' must be a list of tool objects"
+        for position, tool in enumerate(tools):
+            problem = _check_tool(tool)
+            if problem:
+                return f"tools[{position}]: {problem}"
+    for key, kinds, what in REQUEST_FIELDS:
+        if body.get(key) is not None and not of_json_type(body[key], kinds):
+            return f"'{key}' must be {what}"
+    options = body.get("stream_options")
+    if isinstance(options, dict) and not isinstance(options.get("include_usage", False), bool):
+        return "'stream_options.include_usage' must be true or false"
+    if isinstance(body.get("n"), int) and body["n"] < 1:
+        return "'n' must be at least 1"
+    return None
+
+
+# Request fields the engine reads: their JSON types (a bool is never taken for a number).
+REQUEST_FIELDS = (
+    ("stream", (bool,), "true or false"),
+    ("stream_options", (dict,), "an object"),
+    ("n", (int,), "a whole number"),
+    ("tool_choice", (str, dict), "a string or an object"),
+    ("parallel_tool_calls", (bool,), "true or false"),
+    ("model", (str,), "a string"),
+)
+
+
+def _check_message(message: Any) -> str | None:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        return "every message must be an object with a 'role' string"
+    calls = message.get("tool_calls")
+    if calls is None:
+        return None
+    if not isinstance(calls, list):
+        return "'tool_calls' must be a list"
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            return "each tool call must be an object whose 'function' has a 'name' string"
+        if not isinstance(function.get("arguments", ""), (str, dict)):
+            return "a tool call's 'arguments' must be a JSON string"
+    return None
+
+
+def _check_tool(tool: Any) -> str | None:
+    if not isinstance(tool, dict):
+        return "each tool must be an object"
+    function = tool.get("function")
+    if "function" in tool and not isinstance(function, dict):
+        return "'function' must be an object with a 'name'"
+    name = function.get("name") if isinstance(function, dict) else tool.get("name")
+    if name is not None and not isinstance(name, str):
+        return "a tool's 'name' must be a string"
     return None
 
 
@@ -75,6 +135,10 @@ class ChatCompletions:
         return response
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if not is_json(request.headers.get("Content-Type", "")):
+            # a web page can post text/plain without asking first; an agent always sends JSON
+            return bad_request("the request body must be sent as Content-Type: application/json",
+                               "unsupported_content_type", status=415)
         raw = await request.read()
         try:
             body = orjson.loads(raw)
@@ -89,7 +153,7 @@ class ChatCompletions:
         tenant = credentials_hash(request.headers)
         context = TurnContext(
             request_id=request.headers.get("X-Request-Id") or secrets.token_hex(8),
-            agent=tenant[:16],
+            agent=request.get(AGENT_NAME) or tenant[:16],
             tenant=tenant,
             request_key=hashlib.sha256(tenant.encode() + b"\x00" + raw).hexdigest(),
             agent_header=request.headers.get(self.identity_header) if self.identity_header else None,
@@ -107,11 +171,15 @@ class ChatCompletions:
                     result = event
         except UpstreamError as exc:
             return web.Response(status=exc.status, body=exc.body, headers={"Content-Type": exc.content_type})
+        except Exception as exc:  # a bug of ours: still an answer in the API's shape, never a bare 500 page
+            log.error("turn failed", exc_info=exc)
+            error = UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error")
+            return web.Response(status=error.status, body=error.body, content_type="application/json")
         if result is None:
             raise RuntimeError("the engine ended a turn without a result")
         if result.passthrough:
             return web.Response(body=result.last.raw, content_type="application/json")
-        return web.Response(body=orjson.dumps(whole_response(result, body)), content_type="application/json")
+        return web.Response(body=dumps(whole_response(result, body)), content_type="application/json")
 
 
 def _head(result_head: dict[str, Any] | None, request: dict[str, Any]) -> dict[str, Any]:

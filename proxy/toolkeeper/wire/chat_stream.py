@@ -27,6 +27,53 @@ ID_ALPHABET = string.ascii_letters + string.digits
 VALID_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
+class MalformedResponse(ValueError):
+    """The model server's response is not of the Chat Completions shape; the agent gets a 502."""
+
+
+def of_json_type(value: Any, kinds: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):  # JSON's true is no number
+        return bool in kinds
+    return isinstance(value, kinds)
+
+
+def _expect(value: Any, kinds: tuple[type, ...], where: str) -> Any:
+    if value is not None and not of_json_type(value, kinds):
+        names = " or ".join("an object" if k is dict else "a list" if k is list else f"a {k.__name__}" for k in kinds)
+        raise MalformedResponse(f"{where} must be {names}, got {orjson.dumps(value).decode()[:80]}")
+    return value
+
+
+def check_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """Tool calls (or their deltas) as the engine can read them, or MalformedResponse."""
+    for position, call in enumerate(_expect(calls, (list,), where) or []):
+        at = f"{where}[{position}]"
+        _expect(call, (dict,), at)
+        if call is None:
+            raise MalformedResponse(f"{at} must be an object, got null")
+        _expect(call.get("id"), (str, int), f"{at}.id")
+        _expect(call.get("index"), (int,), f"{at}.index")
+        function = _expect(call.get("function"), (dict,), f"{at}.function") or {}
+        _expect(function.get("name"), (str,), f"{at}.function.name")
+        _expect(function.get("arguments"), (str, dict), f"{at}.function.arguments")
+    return calls or []
+
+
+def check_choice(body: dict[str, Any], inner: str) -> dict[str, Any]:
+    """The first choice of a response or chunk, its `inner` part (message, delta) checked; usage checked."""
+    _expect(body.get("usage"), (dict,), "usage")
+    choices = _expect(body.get("choices"), (list,), "choices") or []
+    if not choices:
+        return {}
+    choice = _expect(choices[0], (dict,), "choices[0]")
+    if choice is None:
+        raise MalformedResponse("choices[0] must be an object, got null")
+    _expect(choice.get("finish_reason"), (str,), "choices[0].finish_reason")
+    part = _expect(choice.get(inner), (dict,), f"choices[0].{inner}") or {}
+    check_calls(part.get("tool_calls"), f"choices[0].{inner}.tool_calls")
+    return choice
+
+
 def made_call_id(seed: str, position: int, call: ToolCall) -> str:
     """9 alphanumerics, accepted by strict servers (Mistral) and OpenAI alike.
 
@@ -73,14 +120,13 @@ class StreamAssembler:
         self.usage: dict[str, Any] | None = None
 
     def feed(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        choice = check_choice(chunk, "delta")
         if chunk.get("usage"):
             self.usage = chunk["usage"]
-        choices = chunk.get("choices") or []
-        if not choices:
+        if not choice:
             return None
         if not self.head:
             self.head = {key: chunk[key] for key in HEAD_FIELDS if key in chunk}
-        choice = choices[0]
         if choice.get("finish_reason"):
             self.finish_reason = choice["finish_reason"]
         delta = choice.get("delta") or {}
@@ -146,8 +192,7 @@ class StreamAssembler:
 
 def round_from_response(raw: bytes, body: dict[str, Any]) -> Round:
     """A whole (not streamed) response."""
-    choices = body.get("choices") or [{}]
-    choice = choices[0] or {}
+    choice = check_choice(body, "message")
     message = dict(choice.get("message") or {})
     message.pop("role", None)
     calls = []

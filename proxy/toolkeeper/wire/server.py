@@ -7,6 +7,7 @@ upstream session.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import aiohttp
@@ -17,6 +18,7 @@ from toolkeeper.metrics import Metrics
 from toolkeeper.settings import Settings
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
 from toolkeeper.wire.chat import ChatCompletions
+from toolkeeper.wire.guard import AgentKeys, OriginGuard
 from toolkeeper.wire.upstream import HOP_BY_HOP, Upstream, UpstreamError, forward_headers
 
 UPSTREAM_KEY = web.AppKey("upstream", Upstream)
@@ -25,13 +27,18 @@ CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 # Agents send whole conversations; the default 1 MiB would refuse long ones.
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
+CHECK_WAIT = 3.0
 # A readiness check: it raises when its component does not answer.
 Check = Callable[[], object]
 
 
 def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key: str | None, metrics: Metrics,
-              admin: web.Application, checks: dict[str, Check]) -> web.Application:
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+              admin: web.Application, checks: dict[str, Check], agent_keys: dict[str, str]) -> web.Application:
+    origins = OriginGuard(settings.allow_origin)
+    # toolkeeper holding the upstream key means agents must prove who they are
+    keys = AgentKeys(agent_keys, required=api_key is not None)
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[origins.middleware, keys.middleware])
+    app.on_response_prepare.append(origins.on_prepare)
 
     async def upstream_session(app: web.Application):
         # One pooled session for the process: a connection per request would
@@ -60,7 +67,10 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
         problems = []
         for name, check in checks.items():
             try:
-                check()
+                # in a thread, bounded: a database that hangs must not freeze the event loop, nor this answer
+                await asyncio.wait_for(asyncio.to_thread(check), CHECK_WAIT)
+            except TimeoutError:
+                problems.append(f"{name}: no answer within {CHECK_WAIT:g} s")
             except Exception as exc:
                 problems.append(f"{name}: {exc}")
         if UPSTREAM_KEY not in request.app:

@@ -12,8 +12,15 @@ from typing import Any
 import aiohttp
 import orjson
 
+from toolkeeper.common import dumps
 from toolkeeper.engine import Round, Visible
-from toolkeeper.wire.chat_stream import VISIBLE_FIELDS, StreamAssembler, round_from_response
+from toolkeeper.wire.chat_stream import VISIBLE_FIELDS, MalformedResponse, StreamAssembler, round_from_response
+
+# A model's answer is text and a few calls: past these sizes the server is broken or hostile.
+MAX_EVENT_BYTES = 8 * 2**20
+MAX_RESPONSE_BYTES = 64 * 2**20
+
+OWN_COOKIE = "toolkeeper_"  # the prefix of toolkeeper's cookies (the audit page's session): never forwarded
 
 # Headers that belong to one connection, or that aiohttp sets itself.
 HOP_BY_HOP = frozenset(
@@ -50,7 +57,15 @@ def error_body(message: str, code: str, kind: str = "upstream_error") -> bytes:
 
 
 def forward_headers(headers: Mapping[str, str], api_key: str | None) -> dict[str, str]:
+    """The agent's headers as the model server gets them: no hop-by-hop header, never toolkeeper's own cookie."""
     forwarded = {name: value for name, value in headers.items() if name.lower() not in HOP_BY_HOP}
+    for name in [n for n in forwarded if n.lower() == "cookie"]:
+        kept = "; ".join(part.strip() for part in forwarded[name].split(";")
+                         if part.strip() and not part.strip().startswith(OWN_COOKIE))
+        if kept:
+            forwarded[name] = kept
+        else:
+            del forwarded[name]
     if api_key is not None:
         for name in [n for n in forwarded if n.lower() == "authorization"]:
             del forwarded[name]
@@ -84,7 +99,7 @@ class UpstreamModel:
         streaming = bool(body.get("stream"))
         try:
             async with self.upstream.session.post(
-                self.upstream.url("/chat/completions"), data=orjson.dumps(body), headers=self.headers,
+                self.upstream.url("/chat/completions"), data=dumps(body), headers=self.headers,
                 timeout=self.upstream.timeout,
             ) as response:
                 if response.status != 200:
@@ -96,9 +111,8 @@ class UpstreamModel:
                         yield event
                 else:
                     # not streamed (or a server that ignored `stream`): one whole response
-                    raw = await response.read()
-                    parsed = _parse_json(raw)
-                    result = round_from_response(raw, parsed)
+                    raw = await _read_whole(response)
+                    result = _malformed_is_502(round_from_response, raw, _parse_json(raw))
                     visible = {key: value for key, value in result.message.items()
                                if key in VISIBLE_FIELDS and isinstance(value, str) and value}
                     if visible:
@@ -124,19 +138,47 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
     return parsed
 
 
+async def _read_whole(response: aiohttp.ClientResponse) -> bytes:
+    body = bytearray()
+    async for data in response.content.iter_any():
+        body += data
+        if len(body) > MAX_RESPONSE_BYTES:
+            raise UpstreamError.ours(502, f"the model server's response is larger than "
+                                          f"{MAX_RESPONSE_BYTES // 2**20} MiB", "upstream_too_large")
+    return bytes(body)
+
+
+def _malformed_is_502(parse: Any, *args: Any) -> Any:
+    try:
+        return parse(*args)
+    except MalformedResponse as exc:
+        raise UpstreamError.ours(502, f"the model server sent a malformed response: {exc}",
+                                 "upstream_malformed") from exc
+
+
 async def _read_stream(response: aiohttp.ClientResponse) -> AsyncIterator[Visible | Round]:
-    """Parse SSE as it arrives; what one network read brings is handed on together."""
+    """Parse SSE as it arrives; what one network read brings is handed on together.
+
+    The search for an event's end starts where the last one stopped, so an event that arrives in many
+    pieces costs linear time; one larger than MAX_EVENT_BYTES is refused.
+    """
     assembler = StreamAssembler()
-    pending = b""
+    pending = bytearray()
+    scanned = 0  # bytes of `pending` already searched for a blank line
     done = False
     async for data in response.content.iter_any():
         pending += data.replace(b"\r\n", b"\n") if b"\r" in data else data
-        *events, pending = pending.split(b"\n\n")
+        events, cut = _complete_events(pending, max(0, scanned - 1))
+        del pending[:cut]
+        scanned = len(pending)
+        if scanned > MAX_EVENT_BYTES:
+            raise UpstreamError.ours(502, f"the model server sent a stream event larger than "
+                                          f"{MAX_EVENT_BYTES // 2**20} MiB", "upstream_too_large")
         visible: list[dict[str, str]] = []
         broken: UpstreamError | None = None
         try:
             for event in events:
-                done, seen = _dispatch(event, assembler)
+                done, seen = _malformed_is_502(_dispatch, event, assembler)
                 if done:
                     break
                 if seen:
@@ -150,14 +192,25 @@ async def _read_stream(response: aiohttp.ClientResponse) -> AsyncIterator[Visibl
             raise broken
         if done:
             break
-    if pending.strip() and not done:  # the last event, with no blank line after it
-        done, seen = _dispatch(pending, assembler)
+    if bytes(pending).strip() and not done:  # the last event, with no blank line after it
+        done, seen = _malformed_is_502(_dispatch, bytes(pending), assembler)
         if seen:
             yield Visible((seen,), assembler.head)
     if not done and assembler.finish_reason is None:
         raise UpstreamError.ours(502, "the model server's stream ended before the response was complete",
                                  "upstream_incomplete")
     yield assembler.finish()
+
+
+def _complete_events(pending: bytearray, start: int) -> tuple[list[bytes], int]:
+    """The complete events in `pending` (searching from `start`), and where the incomplete rest begins."""
+    events, begin = [], 0
+    end = pending.find(b"\n\n", start)
+    while end != -1:
+        events.append(bytes(pending[begin:end]))
+        begin = end + 2
+        end = pending.find(b"\n\n", begin)
+    return events, begin
 
 
 def _dispatch(event: bytes, assembler: StreamAssembler) -> tuple[bool, dict[str, str] | None]:

@@ -1,0 +1,102 @@
+"""The audit trail's two databases: SQLite (embedded, the default) and PostgreSQL (several replicas).
+
+SQLite: its own file in WAL mode with synchronous=FULL, so a record
+acknowledged before a run survives a power loss; a write costs an fsync
+(measure it with bench/audit.py).
+
+PostgreSQL: appends take turns on a transaction-scoped advisory lock, so
+replicas never race for the chain's head (the unique previous hash is the
+safety net). Connecting waits at most `CONNECT_WAIT` seconds, a statement at
+most `WRITE_WAIT`; a connection the server dropped (a restart) is opened
+again on the next use, and one stuck on a server that does not answer is cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from toolkeeper.audit.redaction import Redactor
+from toolkeeper.audit.trail import SCHEMA, WRITE_WAIT, AuditError, SQLAudit
+
+CONNECT_WAIT = 2
+SCHEMA_LOCK = 7335002  # an advisory lock: replicas starting together create the schema one at a time
+
+
+class SQLiteAudit(SQLAudit):
+    begin = "BEGIN IMMEDIATE"  # take the write lock before reading the head
+    conflict = (sqlite3.IntegrityError,)
+    failure = (sqlite3.Error,)
+
+    def __init__(self, path: str | Path, redactor: Redactor | None = None):
+        super().__init__(redactor)
+        self.path = str(path)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=WRITE_WAIT)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA.format(serial="INTEGER PRIMARY KEY AUTOINCREMENT", real="REAL", blob="BLOB"))
+
+    def connection(self) -> sqlite3.Connection:
+        return self._db
+
+
+class PostgresAudit(SQLAudit):
+    lock_chain = "SELECT pg_advisory_xact_lock(7335001)"
+    remote = True
+    placeholder = "%s"
+
+    def __init__(self, url: str, redactor: Redactor | None = None):
+        import psycopg  # only for deployments that use it
+
+        super().__init__(redactor)
+        self.path = url
+        self._psycopg = psycopg
+        self.conflict = (psycopg.errors.UniqueViolation,)
+        self.failure = (psycopg.Error,)
+        self._db: Any = None
+        self.connection()
+
+    def connection(self) -> Any:
+        """The connection, opened again when the server dropped it."""
+        if self._db is not None and not self._db.closed and not self._db.broken:
+            return self._db
+        psycopg = self._psycopg
+        wait = int(WRITE_WAIT * 1000)
+        try:
+            given = psycopg.conninfo.conninfo_to_dict(self.path).get("options") or ""
+            db = psycopg.connect(self.path, autocommit=True, connect_timeout=CONNECT_WAIT,
+                                 options=f"{given} -c statement_timeout={wait} -c lock_timeout={wait}".strip(),
+                                 keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=2)
+            with db.transaction():
+                db.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
+                db.execute(SCHEMA.format(serial="BIGSERIAL PRIMARY KEY", real="DOUBLE PRECISION", blob="BYTEA"))
+        except psycopg.Error as exc:
+            raise AuditError(f"cannot open the audit trail at {without_password(self.path)}: {exc}") from exc
+        self._db = db
+        return db
+
+    def abandon(self) -> None:
+        """Cut the socket under a connection stuck waiting: the stuck write fails, the next one reconnects."""
+        db = self._db
+        if db is None:
+            return
+        # a duplicate descriptor: shutting it down cuts the connection, closing it leaves libpq's own alone
+        with contextlib.suppress(OSError, ValueError), socket.socket(fileno=os.dup(db.pgconn.socket)) as duplicate:
+            duplicate.shutdown(socket.SHUT_RDWR)
+
+
+def open_audit(location: str | Path, redactor: Redactor | None = None) -> SQLAudit:
+    """A path is an SQLite file; a postgresql:// URL a PostgreSQL database."""
+    text = str(location)
+    if text.startswith(("postgresql://", "postgres://")):
+        return PostgresAudit(text, redactor)
+    return SQLiteAudit(text, redactor)
+
+
+def without_password(url: str) -> str:
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
