@@ -36,9 +36,9 @@ def test_api_key_env_replaces_the_agents_key(scripted, tmp_path):
         api_key_env: TK_UPSTREAM_KEY
         yolo: true
         agents:
-          - {name: the-agent, key_sha256: "%s"}
+          - {name: the-agent, key_sha256: "{key}"}
         tools: []
-    """ % hashlib.sha256(b"sk-agent").hexdigest())
+    """, key=hashlib.sha256(b"sk-agent").hexdigest())
     process = start_toolkeeper(path, scripted.base_url, env={"TK_UPSTREAM_KEY": "sk-upstream-secret"})
     try:
         scripted.script({"content": "hi"})

@@ -80,6 +80,16 @@ AGENT = """
         description: Fail with exit status 3.
         wasm: {wasm}/exit3.wat
         command: ["exit3"]
+      - name: sleep
+        description: Sleep a minute on the host.
+        wasm: {wasm}/sleep.wat
+        command: ["sleep"]
+        timeout: 1
+      - name: symlink
+        description: Try to link out of its writable mount.
+        wasm: {wasm}/symlink.wat
+        command: ["symlink"]
+        mounts: {/data: {path: scratch, writable: true}}
       - name: flood
         description: Print 10 MiB.
         wasm: {wasm}/flood.wat
@@ -267,3 +277,37 @@ def test_broken_wasm_entries_are_load_errors(tmp_path, entry, expected):
     with pytest.raises(AgentFileError) as caught:
         load_agent_file(path)
     assert expected in str(caught.value)
+
+
+def test_the_time_limit_holds_while_a_module_sleeps_on_the_host(scripted, tkw):
+    started = time.monotonic()
+    answer = run_tool(scripted, tkw, "sleep", {})
+    took = time.monotonic() - started
+    assert answer.startswith("The module timed out after 1 s") and "woke" not in answer
+    assert took < 4, took
+
+
+def test_sleeping_modules_do_not_starve_the_others(scripted, tkw):
+    """Four modules asleep on the host, then a trivial one: it answers at once."""
+    scripted.script(*[{"when": f"sleeper {i}", "tool_calls": [call("sleep", {})]} for i in range(4)],
+                    *[{"when": f"sleeper {i}", "content": "slept"} for i in range(4)])
+    sleepers = [threading.Thread(target=lambda i=i: tkw.client().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": f"sleeper {i}"}])) for i in range(4)]
+    for thread in sleepers:
+        thread.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    scripted.add({"when": "quick", "tool_calls": [call("count_words", {"text": "a b c"})]},
+                 {"when": "quick", "content": "{tool_result}"})
+    answer = tkw.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "quick"}])
+    took = time.monotonic() - started
+    for thread in sleepers:
+        thread.join()
+    assert answer.choices[0].message.content == "3"
+    assert took < 0.9, took  # before any sleeper's 1 s limit ran out
+
+
+def test_a_module_cannot_create_a_symlink_out_of_its_mount(scripted, tkw, wasm_dir):
+    answer = run_tool(scripted, tkw, "symlink", {})
+    assert answer.startswith("The module failed with exit status 63")  # WASI's EPERM
+    assert not (wasm_dir / "scratch" / "escape").is_symlink()

@@ -77,6 +77,8 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     (the demo answers for the user, tests read records); everything else comes from `settings`."""
     stores = Stores.open(agent, settings)
     policy = Policy(agent.config.yolo, *policy_sources(settings))
+    for warning in policy.rules.warnings(agent) if policy.rules else ():
+        log.warning("%s", warning)
     consent = consent or consent_channel(settings, stores.approvals)
     metrics = Metrics()
     calls = CallHandler(runners=runners_for({tool.spec.runner for tool in agent.tools.values()}), consent=consent,

@@ -131,6 +131,8 @@ async def _run_tests(path: str | Path, opa_url: str | None, opa_path: str) -> in
         return 2
     agent = load_agent_file(path.parent / spec.agent_file)
     rules = load_rules(path.parent / spec.policy if spec.policy else default_rules_path())
+    for warning in rules.warnings(agent):
+        print(f"WARN {warning}")
     engines: list[tuple[str, Rules | None, OpaPolicy | None]] = [(f"rules {rules.path.name}", rules, None)]
     if opa_url:
         engines.append((f"OPA {opa_url}", None, OpaPolicy(opa_url, opa_path, timeout=5)))

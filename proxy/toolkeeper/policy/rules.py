@@ -30,6 +30,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from toolkeeper.common import Strict, load_yaml_model, regex, sha256_hex, shipped_file
 from toolkeeper.policy.decision import Decision, most_restrictive
+from toolkeeper.tools import Agent
 
 
 class RulesError(Exception):
@@ -192,6 +193,26 @@ class Rules:
         self.path = path
         self.rules = parsed.rules
         self.revision = revision
+
+    def warnings(self, agent: Agent) -> list[str]:
+        """What in these rules cannot be meant for this agent file: said at start and by `policy test`."""
+        if not self.rules:
+            return [f"{self.path}: no rules: only yolo and the tiers decide"]
+        found = []
+        for rule in self.rules:
+            globs = _globs(rule.when.tool)
+            tools = [t for t in agent.tools.values() if globs is None or any(fnmatch.fnmatchcase(t.name, g)
+                                                                             for g in globs)]
+            if globs is not None and not tools:
+                found.append(f"{self.path}: rule {rule.id!r} names tool {', '.join(globs)}, which {agent.path.name} "
+                             "does not declare: it matches no declared call")
+                continue
+            known = {name for tool in tools for name in tool.spec.parameters}
+            for name in rule.when.arguments:
+                if name not in known:
+                    found.append(f"{self.path}: rule {rule.id!r} tests argument {name!r}, which no tool it names "
+                                 "declares")
+        return found
 
     def matching(self, document: dict[str, Any]) -> list[Rule]:
         return [rule for rule in self.rules if rule.when.holds(document)]

@@ -30,6 +30,7 @@ import orjson
 import wasmtime
 
 from toolkeeper.runners.base import OutputBuffer, RunResult, declared_environment
+from toolkeeper.runners.wasi import DeadlineReached, define_limits, set_deadline
 from toolkeeper.tools import DeclaredTool, ModuleCache, WasmModuleError, compiled_modules
 
 TICK = 0.005  # seconds between epoch ticks: the resolution of the wall-time limit
@@ -72,11 +73,13 @@ class _Ticker:
 
 
 class WasmRunner:
-    def __init__(self, modules: ModuleCache, max_workers: int = 4):
+    # Threads, not cores: a module waiting in a (bounded) sleep holds its thread, and must not hold up others.
+    def __init__(self, modules: ModuleCache, max_workers: int = 32):
         self.modules = modules
         self.engine = modules.engine
         self.linker = wasmtime.Linker(self.engine)
         self.linker.define_wasi()
+        define_limits(self.linker)
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="wasm")
         self.ticker = _Ticker(self.engine)
 
@@ -99,6 +102,7 @@ class WasmRunner:
         store.set_limits(memory_size=memory_limit)
         store.set_fuel(spec.fuel or UNLIMITED_FUEL)
         store.set_epoch_deadline(max(1, round(spec.timeout / TICK)))
+        set_deadline(started + spec.timeout + 2 * TICK)  # a sleeping module wakes past it, and is stopped
         wasi = wasmtime.WasiConfig()
         wasi.argv = argv
         wasi.env = list(declared_environment(tool).items())  # no PATH: a module runs no programs
@@ -122,6 +126,9 @@ class WasmRunner:
         except wasmtime.ExitTrap as exit_trap:
             code = exit_trap.code
             status = "ok" if code == 0 else "failed"
+        except DeadlineReached:  # asleep on the host when its time ran out
+            status, code, detail = "timeout", None, f"{spec.timeout:g} s"
+            trap_words = f"it ran past its time limit of {spec.timeout:g} s"
         except wasmtime.Trap as trap:
             status, trap_words = self._explain(trap, spec, _memory_size(instance, store), memory_limit)
             code = None
