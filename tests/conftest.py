@@ -42,8 +42,9 @@ class Process:
             if marker in line or not line:
                 break
         if marker not in line:
+            said = self.stderr()
             self.stop()
-            raise RuntimeError(f"{args} did not start: {line!r} {self.stderr()}")
+            raise RuntimeError(f"{args} did not start: {line!r} {said}")
         self.url = line.split("http://", 1)[1].split()[0].rstrip("/")
         self.url = "http://" + self.url
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 from conftest import ROOT, Toolkeeper, call, start_toolkeeper, write_agent
@@ -215,3 +216,124 @@ def test_a_restart_while_a_call_waits_loses_nothing(scripted, tmp_path):
         first.close_clients()
         second.close_clients()
         second.process.stop()
+
+
+# -- what an approver reads, and what "always" may do ------------------------------------
+
+RULES = """
+rules:
+  - id: ask-admin-pages
+    effect: ask
+    reason: Admin pages need a person.
+    when:
+      tool: publish
+      arguments: {page: {equals: admin}}
+"""
+LOGIN = """
+      - name: login
+        description: Log in.
+        parameters:
+          user: {type: string, description: "Who."}
+          api_token: {type: string, description: "The token."}
+        command: ["{python}", "{tools}/record.py", "login", "{{user}}", "--token={{api_token}}"]
+        env: {OUT: "{out}"}
+"""
+
+
+@pytest.fixture(scope="module")
+def guarded(scripted, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("guarded")
+    write_agent(directory, AGENT + LOGIN)
+    (directory / "rules.yaml").write_text(RULES)
+    tk = serve(scripted, directory, "--consent-timeout", "20", "--policy", str(directory / "rules.yaml"),
+               "--identity-header", "X-Agent-Name")
+    yield tk
+    tk.process.stop()
+
+
+@pytest.fixture
+def tkg(guarded):
+    guarded.reset()
+    yield guarded
+    guarded.close_clients()
+
+
+def as_agent(tk: Toolkeeper, key: str, name: str) -> Toolkeeper:
+    """The same server, seen by another agent (its own key, its own identity header)."""
+    other = Toolkeeper(tk.process, tk.directory)
+    other.client = lambda **kwargs: Toolkeeper.client(other, api_key=key, default_headers={"X-Agent-Name": name},
+                                                      **kwargs)
+    return other
+
+
+def audit_export(tk: Toolkeeper, tool: str) -> list[dict]:
+    run = subprocess.run([sys.executable, "-m", "toolkeeper", "audit", "--db",
+                          str(tk.directory / "toolkeeper-audit.sqlite3"), "export", "--tool", tool],
+                         capture_output=True, text=True, cwd=ROOT, timeout=30)
+    return [json.loads(line) for line in run.stdout.splitlines()]
+
+
+def test_the_listing_says_why_and_who_and_escapes_what_the_model_wrote(scripted, tkg):
+    hostile = "home\x1b[1A\x1b[2K\r  argv: [\"fake\"]\u202e"
+    ada = as_agent(tkg, "sk-ada", "ada-bot")
+    asking = Asking(ada, scripted, "publish", {"page": hostile}, word="hostile")
+    (approval,) = waiting(tkg)
+    listing = cli(tkg, "approvals").stdout
+    assert "\x1b" not in listing and "\u202e" not in listing and "\r" not in listing
+    assert "\\x1b[1A" in listing and "\\u202e" in listing
+    assert "why: a gated tool, and yolo: false" in listing and "(ada-bot)" in listing
+    raw = urllib.request.urlopen(urllib.request.Request(tkg.base_url[:-3] + "/toolkeeper/approvals",
+                                                        headers={"Authorization": f"Bearer {TOKEN}"}), timeout=10)
+    assert b"\x1b" not in raw.read()
+    cli(tkg, "deny", approval)
+    asking.result()
+    log = tkg.process.stderr()
+    assert "waiting for approval" in log and "\x1b" not in log and "\u202e" not in log
+
+
+def test_secrets_are_redacted_for_the_approver_and_the_log(scripted, tkg):
+    asking = Asking(tkg, scripted, "login", {"user": "ada", "api_token": "tok-9f8e7d6c5b"}, word="secret")
+    (approval,) = waiting(tkg)
+    listing = cli(tkg, "approvals").stdout
+    assert "tok-9f8e7d6c5b" not in listing and "[redacted]" in listing
+    cli(tkg, "approve", approval)
+    assert "ran" in asking.result()
+    assert tkg.calls() == [["login", "ada", "--token=tok-9f8e7d6c5b"]]  # the tool got the real value
+    assert "tok-9f8e7d6c5b" not in tkg.process.stderr()
+
+
+def test_always_never_lifts_a_security_rules_ask(scripted, tkg):
+    asking = Asking(tkg, scripted, "publish", {"page": "admin"}, word="admin-1")
+    (approval,) = waiting(tkg)
+    assert "why: rule ask-admin-pages: Admin pages need a person." in cli(tkg, "approvals").stdout
+    run = cli(tkg, "approve", approval, "--always")
+    assert "approved once: a security rule asked" in run.stdout
+    assert "ran" in asking.result()
+    again = Asking(tkg, scripted, "publish", {"page": "admin"}, word="admin-2")
+    (second,) = waiting(tkg)  # it asks again
+    cli(tkg, "deny", second)
+    assert again.result().startswith("Not run")
+    assert "no always grant" in cli(tkg, "approvals", "--always").stdout
+
+
+def test_an_always_grant_is_for_one_agent_recorded_listed_and_revocable(scripted, tkg):
+    ada, bob = as_agent(tkg, "sk-ada", "ada-bot"), as_agent(tkg, "sk-bob", "bob-bot")
+    first = Asking(ada, scripted, "publish", {"page": "home"}, word="grant-1")
+    (approval,) = waiting(tkg)
+    assert "now always allowed" in cli(tkg, "approve", approval, "--always", "--as", "carol").stdout
+    assert "ran" in first.result()
+    assert "ran" in Asking(ada, scripted, "publish", {"page": "blog"}, word="grant-2").result()  # no question
+    other = Asking(bob, scripted, "publish", {"page": "blog"}, word="grant-3")  # another agent: asked
+    (bobs,) = waiting(tkg)
+    cli(tkg, "deny", bobs)
+    assert other.result().startswith("Not run")
+    grants = cli(tkg, "approvals", "--always").stdout
+    assert "publish always allowed for" in grants and "by carol" in grants
+    records = audit_export(tkg, "publish")
+    assert [r["consent"] for r in records if r["status"] == "ok"][-2:] == ["always", "always"]
+    grant_id = grants.split()[0]
+    assert cli(tkg, "revoke", grant_id).returncode == 0
+    revoked = Asking(ada, scripted, "publish", {"page": "news"}, word="grant-4")
+    (asked,) = waiting(tkg)  # asked again once revoked
+    cli(tkg, "deny", asked)
+    assert revoked.result().startswith("Not run")

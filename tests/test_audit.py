@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import openai
 import orjson
 import pytest
 from conftest import LOOKUP, ROOT, call, fresh, postgres_schema, serving, user, write_agent
@@ -42,6 +43,13 @@ AGENT = """
         command: ["{python}", "{tools}/hang.py", "{{tag}}"]
         env: {PIDS: "{pids}"}
         timeout: 0.5
+      - name: slow
+        description: Take long.
+        parameters:
+          tag: {type: string, description: "A tag."}
+        command: ["{python}", "{tools}/hang.py", "{{tag}}"]
+        env: {PIDS: "{pids}"}
+        timeout: 60
       - name: authenticate
         description: Log in to a service.
         parameters:
@@ -365,3 +373,119 @@ def test_readyz_and_healthz(tku):
         assert json.loads(answer.read()) == {"ready": True, "problems": []}
     with urllib.request.urlopen(root + "/healthz", timeout=10) as answer:
         assert json.loads(answer.read())["status"] == "ok"
+
+
+# -- redaction never fails open -------------------------------------------------------------
+
+def _script_raw_call(scripted, arguments_text: str, finish_reason: str = "tool_calls") -> None:
+    scripted.script({"tool_calls": [call("authenticate", arguments_text)], "finish_reason": finish_reason},
+                    {"content": "{tool_result}"})
+
+
+@pytest.mark.parametrize("finish_reason", ["length", "tool_calls"])
+def test_cut_off_arguments_are_redacted(scripted, tku, audit_dir, finish_reason):
+    _script_raw_call(scripted, '{"user": "ada", "api_token": "tok-cutoff-31337', finish_reason)
+    answer = tku.client().chat.completions.create(model="m", messages=user()).choices[0].message.content
+    record = last_record(audit_dir, "authenticate")
+    assert record["status"] == "invalid"
+    assert "tok-cutoff-31337" not in json.dumps(record) and "tok-cutoff-31337" not in record["answer"]
+    assert "[redacted]" in record["arguments_sent"] and '"user": "ada"' in record["arguments_sent"]
+    assert "arguments_sent.api_token" in record["redacted"]
+    assert answer  # the model still got its answer
+
+
+def test_nested_and_listed_secrets_are_redacted(scripted, tku, audit_dir):
+    sent = {"user": "ada", "api_token": "tok-top-77777", "extra": {"deep": {"password": "pw-deep-88888"}},
+            "tokens": ["list-one-1111", "list-two-2222"]}
+    run_call(scripted, tku, "authenticate", sent)
+    record = last_record(audit_dir, "authenticate")
+    text = json.dumps(record)
+    for secret in ("tok-top-77777", "pw-deep-88888", "list-one-1111", "list-two-2222"):
+        assert secret not in text
+    assert record["arguments_sent"]["extra"]["deep"]["password"] == "[redacted]"
+    assert record["arguments_sent"]["tokens"] == "[redacted]"
+
+
+def test_a_short_secret_does_not_redact_unrelated_text(scripted, tku, audit_dir):
+    run_call(scripted, tku, "authenticate", {"user": "xavier", "api_token": "x"})
+    record = last_record(audit_dir, "authenticate")
+    assert record["arguments"]["user"] == "xavier" and record["arguments"]["api_token"] == "[redacted]"
+    assert record["argv"][-2:] == ["xavier", "--token=[redacted]"]
+    assert "xavier" in record["answer"] and "--token=x" not in record["answer"]
+
+
+def test_redact_adds_and_redact_only_replaces():
+    from toolkeeper.audit import Redactor
+
+    added = Redactor.from_settings(["passphrase"])
+    assert added.secret_name("passphrase") and added.secret_name("api_key")
+    only = Redactor.from_settings([], ["passphrase"])
+    assert only.secret_name("passphrase") and not only.secret_name("api_key")
+
+
+# -- no call left running ------------------------------------------------------------------
+
+def test_a_call_whose_agent_left_is_closed_as_cancelled(scripted, tku, audit_dir):
+    scripted.script({"tool_calls": [call("slow", {"tag": "left"})]}, {"content": "never"})
+    with pytest.raises(openai.APITimeoutError):
+        tku.client(timeout=1.5).chat.completions.create(model="m", messages=user())
+
+    def closed() -> bool:
+        lines = audit_cli(audit_dir, "export", "--tool", "slow").stdout.splitlines()
+        return bool(lines) and json.loads(lines[-1])["status"] == "cancelled"
+
+    deadline = time.monotonic() + 10
+    while not closed():
+        assert time.monotonic() < deadline, "the cancelled call was never closed"
+        time.sleep(0.2)
+
+
+def test_every_record_carries_the_policy_revision(scripted, tku, audit_dir):
+    run_call(scripted, tku, "lookup", {"word": "revised"})
+    record = last_record(audit_dir, "lookup")
+    assert record["decision_source"] == "yolo" and len(record["policy_revision"] or "") == 12
+
+
+# -- verify covers what the filters read -----------------------------------------------------
+
+@STORES
+def test_an_edited_column_is_tampering(tmp_path, kind):
+    with fresh_trail(kind, tmp_path) as where:
+        audit = open_audit(where)
+        for word in ("a", "b"):
+            record = ExecutionRecord(tool="lookup", runner="argv", call_id="c", status="ok", argv=[word])
+            audit.decided(record)
+            audit.completed(record)
+        seq = audit.events()[1]["seq"]
+        audit.close()
+        tamper(where, "UPDATE audit_events SET tool = ? WHERE seq = ?", ("other", seq))
+        run = subprocess.run([sys.executable, "-m", "toolkeeper", "audit", "--db", where, "verify"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert run.returncode == 1 and f"event {seq}" in run.stdout and "its tool column says 'other'" in run.stdout
+
+
+@STORES
+def test_a_cut_off_tail_fails_verify_with_the_expected_head(tmp_path, kind):
+    with fresh_trail(kind, tmp_path) as where:
+        audit = open_audit(where)
+        for word in ("a", "b", "c"):
+            audit.refused(ExecutionRecord(tool="lookup", runner="argv", call_id="c", status="invalid", argv=[word]))
+        head = audit.verify()[1].rsplit("head ", 1)[1]
+        last = audit.events()[-1]["seq"]
+        audit.close()
+        tamper(where, "DELETE FROM audit_events WHERE seq = ?", (last,))
+        verify = [sys.executable, "-m", "toolkeeper", "audit", "--db", where, "verify"]
+        assert subprocess.run(verify, capture_output=True, cwd=ROOT, timeout=60).returncode == 0  # looks fine alone
+        run = subprocess.run([*verify, "--expect-head", head], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert run.returncode == 1 and "tail was cut off" in run.stdout
+
+
+def test_a_damaged_trail_is_reported_not_a_traceback(tmp_path):
+    where = str(tmp_path / "audit.sqlite3")
+    audit = open_audit(where)
+    audit.refused(ExecutionRecord(tool="lookup", runner="argv", call_id="c", status="invalid"))
+    audit.close()
+    tamper(where, "UPDATE audit_events SET body = ?", (b"not json at all",))
+    run = subprocess.run([sys.executable, "-m", "toolkeeper", "audit", "--db", where, "list"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert run.returncode == 1 and "the trail was altered" in run.stderr and "Traceback" not in run.stderr

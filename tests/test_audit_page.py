@@ -101,3 +101,20 @@ def test_no_token_no_page(audited, browser):
     request = urllib.request.Request(root + "/toolkeeper/audit", headers={"Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(request, timeout=10) as answer:
         assert b"2 executions" in answer.read()
+
+
+def test_control_and_bidi_characters_are_shown_escaped(scripted, audited):
+    word = "safe\u202e.exe\x1b[2J"
+    scripted.script({"tool_calls": [call("lookup", {"word": word})]}, {"content": "ok"})
+    audited.client().chat.completions.create(model="m", messages=user())
+    audited.close_clients()
+    root = audited.base_url[: -len("/v1")]
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    with urllib.request.urlopen(urllib.request.Request(root + "/toolkeeper/audit", headers=bearer)) as answer:
+        listing = answer.read().decode()
+    record_id = listing.split("/toolkeeper/audit/", 1)[1].split("'", 1)[0]
+    with urllib.request.urlopen(urllib.request.Request(f"{root}/toolkeeper/audit/{record_id}",
+                                                       headers=bearer)) as answer:
+        detail = answer.read().decode()
+    assert "\u202e" not in detail and "\x1b" not in detail
+    assert "safe\\u202e.exe" in detail  # shown as an escape, never as the character

@@ -8,7 +8,7 @@ import sys
 from datetime import UTC, datetime
 
 import pytest
-from conftest import ROOT, call, fresh, serving, user, write_agent
+from conftest import ROOT, call, fresh, serving, start_toolkeeper, user, write_agent
 
 from toolkeeper.policy import Policy, RulesError, load_rules, policy_input
 
@@ -241,3 +241,61 @@ def test_serve_refuses_broken_rules(tmp_path):
     run = toolkeeper("serve", str(agent), "--port", "0", "--policy", str(tmp_path / "rules.yaml"))
     assert run.returncode == 2
     assert "rule 'oops': a deny rule needs a reason" in run.stderr
+
+
+MISTAKEN_RULES = """
+rules:
+  - id: guard-deploys
+    effect: deny
+    reason: No deploys.
+    when: {tool: deploy_prod}
+  - id: guard-channels
+    effect: ask
+    reason: Stable needs a person.
+    when:
+      tool: release
+      arguments: {chanel: {equals: stable}}
+"""
+
+
+def test_rules_naming_what_the_agent_file_does_not_declare_are_warned_about(scripted, tmp_path):
+    (tmp_path / "rules.yaml").write_text(MISTAKEN_RULES)
+    (tmp_path / "scenarios.yaml").write_text(f"""
+agent_file: {ROOT}/declared/example/agent.yaml
+policy: rules.yaml
+scenarios:
+  - name: a beta release runs
+    call: {{tool: release, arguments: {{version: 1.0.0, channel: beta}}}}
+    expect: ask
+""")
+    run = toolkeeper("policy", "test", str(tmp_path / "scenarios.yaml"))
+    assert "WARN" in run.stdout and "rule 'guard-deploys' names tool deploy_prod" in run.stdout
+    assert "rule 'guard-channels' tests argument 'chanel'" in run.stdout
+    process = start_toolkeeper(ROOT / "declared/example/agent.yaml", scripted.base_url, "--policy",
+                               str(tmp_path / "rules.yaml"), "--store", str(tmp_path / "s.sqlite3"),
+                               "--audit", str(tmp_path / "a.sqlite3"))
+    log = process.stop()
+    assert "names tool deploy_prod" in log and "tests argument 'chanel'" in log
+
+
+def test_an_empty_rules_file_is_warned_about(scripted, tmp_path):
+    (tmp_path / "rules.yaml").write_text("rules: []\n")
+    process = start_toolkeeper(ROOT / "declared/example/agent.yaml", scripted.base_url, "--policy",
+                               str(tmp_path / "rules.yaml"), "--store", str(tmp_path / "s.sqlite3"),
+                               "--audit", str(tmp_path / "a.sqlite3"))
+    assert "no rules: only yolo and the tiers decide" in process.stop()
+
+
+def test_a_scenario_with_an_unknown_key_is_a_one_line_error(tmp_path):
+    (tmp_path / "scenarios.yaml").write_text(f"""
+agent_file: {ROOT}/declared/example/agent.yaml
+scenarios:
+  - name: typo
+    call: {{tool: read_note, arguments: {{name: x}}}}
+    expect: deny
+    expected: allow
+""")
+    run = toolkeeper("policy", "test", str(tmp_path / "scenarios.yaml"))
+    assert run.returncode == 2
+    errors = [line for line in run.stdout.splitlines() if line.startswith("toolkeeper:")]
+    assert errors == [f"toolkeeper: {tmp_path / 'scenarios.yaml'}: scenario 'typo': key 'expected': unknown key"]

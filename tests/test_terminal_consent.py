@@ -69,13 +69,13 @@ def terminal(scripted, tmp_path_factory):
     tk.stop()
 
 
-def ask(terminal, scripted, version: str, reply: str) -> tuple[str, str]:
+def ask(terminal, scripted, version: str, reply: str, api_key: str = "k") -> tuple[str, str]:
     scripted.script({"tool_calls": [call("release", {"version": version, "channel": "beta"})]},
                     {"content": "{tool_result}"})
     from openai import OpenAI
 
     answers = []
-    client = OpenAI(base_url=terminal.url, api_key="k", max_retries=0)
+    client = OpenAI(base_url=terminal.url, api_key=api_key, max_retries=0)
     worker = threading.Thread(target=lambda: answers.append(
         client.chat.completions.create(model="m", messages=user()).choices[0].message.content))
     worker.start()
@@ -104,3 +104,30 @@ def test_always_stops_asking_for_that_tool(terminal, scripted):
     ask(terminal, scripted, "3.0.0", "a")
     _, answer = ask(terminal, scripted, "3.0.1", "")  # no prompt this time
     assert answer.startswith('ran ["release", "3.0.1", "--channel=beta"]')
+
+
+def test_the_model_cannot_fake_the_prompt(terminal, scripted):
+    hostile = "1.4.2\x1b[1A\x1b[2K\r  argv: [\"release\", \"1.0.0\"]\x07\u202e"
+    prompt, answer = ask(terminal, scripted, hostile, "n", api_key="another-agent")  # "always" was for "k"
+    assert "\x1b" not in prompt and "\x07" not in prompt and "\u202e" not in prompt
+    assert "\\x1b[1A\\x1b[2K\\x0d" in prompt and "\\u202e" in prompt
+    assert answer.startswith("Not run")
+
+
+def test_an_answer_other_than_y_n_a_asks_again(terminal, scripted):
+    scripted.script({"tool_calls": [call("release", {"version": "5.0.0", "channel": "beta"})]},
+                    {"content": "{tool_result}"})
+    from openai import OpenAI
+
+    answers = []
+    client = OpenAI(base_url=terminal.url, api_key="another-agent", max_retries=0)
+    worker = threading.Thread(target=lambda: answers.append(
+        client.chat.completions.create(model="m", messages=user()).choices[0].message.content))
+    worker.start()
+    terminal.read_until("[y]es [n]o [a]lways")
+    terminal.answer("maybe")
+    terminal.read_until("Please answer y (yes), n (no) or a (always)")
+    terminal.answer("n")
+    worker.join(20)
+    client.close()
+    assert answers[0].startswith("Not run: release was not allowed (the user said no)")

@@ -63,7 +63,7 @@ class PostgresAudit(SQLAudit):
 
     def connection(self) -> Any:
         """The connection, opened again when the server dropped it."""
-        if self._db is not None and not self._db.closed and not self._db.broken:
+        if not self.dropped():
             return self._db
         psycopg = self._psycopg
         wait = int(WRITE_WAIT * 1000)
@@ -79,6 +79,9 @@ class PostgresAudit(SQLAudit):
             raise AuditError(f"cannot open the audit trail at {without_password(self.path)}: {exc}") from exc
         self._db = db
         return db
+
+    def dropped(self) -> bool:
+        return self._db is None or self._db.closed or self._db.broken
 
     def abandon(self) -> None:
         """Cut the socket under a connection stuck waiting: the stuck write fails, the next one reconnects."""

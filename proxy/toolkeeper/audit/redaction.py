@@ -11,8 +11,8 @@ fails open:
   a secret-named key's value is replaced up to where it ends, and when that
   value is an object or an array, the rest of the text goes;
 - a secret shorter than `MIN_ERASE` characters ("x") is erased only where it
-  fills an argv entry or follows `=` at its end, so that it does not erase
-  every "x" of unrelated text.
+  fills an argv entry or stands after `=` (`--token=x`), so that it does not
+  erase every "x" of unrelated text.
 
 The record lists the paths it redacted.
 """
@@ -87,9 +87,12 @@ class Redactor:
         return "".join(out)
 
     def erase(self, text: str, secrets: Iterable[str]) -> str:
+        """Each secret's text replaced; a short one only where it stands after `=` (`--token=x`)."""
         for secret in sorted(set(secrets), key=len, reverse=True):
             if len(secret) >= MIN_ERASE:
                 text = text.replace(secret, REDACTED)
+            elif secret:
+                text = re.sub(rf"(?<==){re.escape(secret)}(?![A-Za-z0-9_-])", REDACTED, text)
         return text
 
     def erase_argv(self, argv: list[str], secrets: list[str]) -> list[str]:

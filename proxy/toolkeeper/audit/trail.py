@@ -119,6 +119,10 @@ class SQLAudit:
     def abandon(self) -> None:
         """Give up a connection stuck on a database that does not answer (a dialect may cut it)."""
 
+    def dropped(self) -> bool:
+        """The database dropped the connection (a restart): the next use opens a new one."""
+        return False
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         if not self._lock.acquire(timeout=WRITE_WAIT):
@@ -191,6 +195,7 @@ class SQLAudit:
         self.last_failure = None
 
     def _insert(self, event: dict[str, Any], body: bytes) -> None:
+        reconnected = False
         for _ in range(20):  # another writer took the head: retry on the new one
             try:
                 with self._locked():
@@ -213,6 +218,9 @@ class SQLAudit:
             except self.conflict:
                 continue
             except self.failure as exc:
+                if self.dropped() and not reconnected:  # the database restarted: once more, on a new connection
+                    reconnected = True
+                    continue
                 raise AuditError(f"the audit record could not be written: {exc}") from exc
         raise AuditError("the audit record could not be written: the chain's head kept moving")
 
@@ -221,12 +229,11 @@ class SQLAudit:
         rows = self._query(f"SELECT body FROM audit_events WHERE kind = 'decided' AND {LAST_EVENTS}")  # noqa: S608
         closed = 0
         for (body,) in rows:
-            record = ExecutionRecord.model_validate(orjson.loads(bytes(body)))
+            record = ExecutionRecord.model_validate({**_body(body), "status": "interrupted"})
             if record.host == HOST and _alive(record.pid):
                 continue
             if record.host not in ("", HOST):
                 continue  # another machine's replica: only it can tell
-            record.status = "interrupted"
             record.answer = "(toolkeeper stopped while this call ran; its outcome is unknown)"
             self.completed(record)
             closed += 1

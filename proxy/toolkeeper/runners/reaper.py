@@ -33,8 +33,10 @@ class Reaper:
     def _tell(self, line: str) -> None:
         with self._lock:
             if self._helper is None or self._helper.poll() is not None:
-                self._helper = subprocess.Popen([sys.executable, "-m", "toolkeeper.runners.reaper"],
-                                                stdin=subprocess.PIPE, start_new_session=True)
+                # this file run as a script: the helper needs nothing of toolkeeper, and starts in milliseconds
+                self._helper = subprocess.Popen([sys.executable, "-I", __file__], stdin=subprocess.PIPE,
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                                start_new_session=True)
             with contextlib.suppress(OSError):
                 self._helper.stdin.write(line.encode())  # type: ignore[union-attr]
                 self._helper.stdin.flush()  # type: ignore[union-attr]

@@ -87,8 +87,11 @@ class ScriptedModel:
     # -- the OpenAI API ------------------------------------------------------
 
     async def models(self, request: web.Request) -> web.Response:
+        # the cookies and credentials that reached the model server, for tests of what is forwarded
+        seen = {"X-Seen-Cookie": request.headers.get("Cookie", ""),
+                "X-Seen-Authorization": request.headers.get("Authorization", "")}
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 1700000000,
-                                                               "owned_by": "toolkeeper-tests"}]})
+                                                               "owned_by": "toolkeeper-tests"}]}, headers=seen)
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = orjson.loads(await request.read())

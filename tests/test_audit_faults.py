@@ -1,0 +1,181 @@
+"""The audit trail under faults: a PostgreSQL that hangs or restarts, a trail too large to list in Python.
+
+A TCP relay between toolkeeper and the real PostgreSQL plays the network: paused, it takes bytes and
+forwards none (a hung server); dropped, it closes every connection (a restart, as the client sees it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sqlite3
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from conftest import LOOKUP, Toolkeeper, call, postgres_schema, start_toolkeeper, user, write_agent
+
+AGENT = """
+    upstream: http://127.0.0.1:9/v1
+    yolo: true
+    tools:
+""" + LOOKUP
+
+
+class Relay:
+    def __init__(self, target: tuple[str, int]):
+        self.target = target
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.running = threading.Event()
+        self.running.set()
+        self.connections: list[socket.socket] = []
+        self.closing = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closing:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.connections += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                self.running.wait()
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+    def pause(self) -> None:
+        self.running.clear()
+
+    def resume(self) -> None:
+        self.running.set()
+
+    def drop(self) -> None:
+        """Every connection closed, as a PostgreSQL restart does."""
+        for sock in self.connections:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self.connections = []
+
+    def close(self) -> None:
+        self.closing = True
+        self.resume()
+        self.drop()
+        self.server.close()
+
+
+@pytest.fixture
+def relayed(scripted, tmp_path):
+    with postgres_schema() as url:
+        relay = Relay(("127.0.0.1", 5432))
+        relayed_url = url.replace("127.0.0.1:5432", f"127.0.0.1:{relay.port}")
+        write_agent(tmp_path, AGENT)
+        process = start_toolkeeper(tmp_path / "agent.yaml", scripted.base_url, "--audit", relayed_url)
+        tk = Toolkeeper(process, tmp_path)
+        try:
+            yield tk, relay
+        finally:
+            relay.resume()
+            tk.close_clients()
+            process.stop()
+            relay.close()
+
+
+def ask(scripted, tk, word: str) -> str:
+    scripted.script({"tool_calls": [call("lookup", {"word": word})]}, {"content": "{tool_result}"})
+    return tk.client(timeout=30).chat.completions.create(model="m", messages=user()).choices[0].message.content
+
+
+def get(tk, path: str, timeout: float = 10) -> tuple[int, float]:
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(tk.base_url[:-3] + path, timeout=timeout) as answer:
+            status = answer.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    return status, time.monotonic() - started
+
+
+def test_a_hung_database_refuses_calls_quickly_and_never_freezes_the_proxy(scripted, relayed):
+    tk, relay = relayed
+    assert ask(scripted, tk, "before").startswith("ran")
+    relay.pause()
+    results: dict[str, object] = {}
+    caller = threading.Thread(target=lambda: results.update(answer=ask(scripted, tk, "during"),
+                                                            took=time.monotonic() - started))
+    started = time.monotonic()
+    caller.start()
+    time.sleep(0.3)
+    status, took = get(tk, "/healthz")
+    assert status == 200 and took < 1.0, took  # the event loop is free while the database hangs
+    status, took = get(tk, "/readyz")
+    assert status == 503 and took < 5, took
+    caller.join(30)
+    assert str(results["answer"]).startswith("Not run: lookup could not be recorded in the audit trail")
+    assert results["took"] < 6, results["took"]
+    assert ["lookup", "during"] not in tk.calls()
+    relay.resume()
+    deadline = time.monotonic() + 15
+    while not ask(scripted, tk, "after").startswith("ran"):  # the stuck connection is given up, a new one opened
+        assert time.monotonic() < deadline, "calls never ran again"
+    assert ["lookup", "after"] in tk.calls()
+
+
+def test_calls_run_again_after_the_database_restarts(scripted, relayed):
+    tk, relay = relayed
+    assert ask(scripted, tk, "one").startswith("ran")
+    relay.drop()
+    assert ask(scripted, tk, "two").startswith("ran")  # reconnected, without restarting toolkeeper
+    status, _ = get(tk, "/readyz")
+    assert status == 200
+
+
+def test_a_large_trail_pages_in_sql_and_keeps_the_proxy_responsive(scripted, tmp_path):
+    """100,000 events: the page lists the latest 500 and counts the rest in SQL; /healthz answers meanwhile."""
+    write_agent(tmp_path, AGENT)
+    audit = tmp_path / "audit.sqlite3"
+    process = start_toolkeeper(tmp_path / "agent.yaml", scripted.base_url, "--audit", str(audit),
+                               env={"TOOLKEEPER_ADMIN_TOKEN": "page-token"})
+    tk = Toolkeeper(process, tmp_path)
+    try:
+        db = sqlite3.connect(audit)
+        rows = ((f"r{i}", "refused", 1.7e9 + i, "lookup", "agent", "invalid",
+                 f'{{"kind":"refused","record_id":"r{i}","status":"invalid","tool":"lookup"}}'.encode(),
+                 f"{i:064x}", f"{i + 1:064x}") for i in range(100_000))
+        db.executemany("INSERT INTO audit_events (record_id, kind, time, tool, agent, status, body, prev_hash, hash) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        db.commit()
+        db.close()
+        request = urllib.request.Request(tk.base_url[:-3] + "/toolkeeper/audit",
+                                         headers={"Authorization": "Bearer page-token"})
+        timings: dict[str, float] = {}
+
+        def view() -> None:
+            started = time.monotonic()
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                timings["page"] = time.monotonic() - started
+                timings["html"] = answer.read().count(b"<tr class=record>")
+
+        viewer = threading.Thread(target=view)
+        viewer.start()
+        status, took = get(tk, "/healthz")
+        viewer.join(30)
+        assert status == 200 and took < 1.0, took
+        assert timings["html"] == 500 and timings["page"] < 3, timings
+    finally:
+        process.stop()
