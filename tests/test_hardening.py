@@ -18,7 +18,7 @@ import urllib.request
 
 import openai
 import pytest
-from conftest import ROOT, Toolkeeper, call, fresh, serving, start_toolkeeper, user, write_agent
+from conftest import LOOKUP, ROOT, Toolkeeper, call, fresh, serving, start_toolkeeper, user, write_agent
 from test_failures import alive, pids, wait_for
 
 AGENT_KEY = "sk-ci-bot-4411"
@@ -26,13 +26,7 @@ AGENT = """
     upstream: http://127.0.0.1:9/v1
     yolo: true
     tools:
-      - name: lookup
-        description: Look a word up.
-        parameters:
-          word: {type: string, description: "The word."}
-        command: ["{python}", "{tools}/record.py", "lookup", "{{word}}"]
-        env: {OUT: "{out}"}
-      - name: save
+""" + LOOKUP + """      - name: save
         description: Save a file.
         parameters:
           name: {type: string, description: "The file's name."}
@@ -183,13 +177,7 @@ KEYS_AGENT = """
     yolo: true
     {agents}
     tools:
-      - name: lookup
-        description: Look a word up.
-        parameters:
-          word: {type: string, description: "The word."}
-        command: ["{python}", "{tools}/record.py", "lookup", "{{word}}"]
-        env: {OUT: "{out}"}
-"""
+""" + LOOKUP
 
 
 def test_with_the_upstream_key_only_known_agents_get_in(scripted, tmp_path):
