@@ -74,6 +74,18 @@ def check_choice(body: dict[str, Any], inner: str) -> dict[str, Any]:
     return choice
 
 
+def _text_only(chunk: dict[str, Any]) -> dict[str, Any] | None:
+    """Most chunks of a stream: one choice carrying one piece of text, nothing to check further."""
+    choices = chunk.get("choices")
+    if type(choices) is list and len(choices) == 1 and chunk.get("usage") is None:
+        choice = choices[0]
+        if type(choice) is dict and choice.get("finish_reason") is None:
+            delta = choice.get("delta")
+            if type(delta) is dict and len(delta) == 1 and type(delta.get("content")) is str:
+                return choice
+    return None
+
+
 def made_call_id(seed: str, position: int, call: ToolCall) -> str:
     """9 alphanumerics, accepted by strict servers (Mistral) and OpenAI alike.
 
@@ -120,7 +132,7 @@ class StreamAssembler:
         self.usage: dict[str, Any] | None = None
 
     def feed(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
-        choice = check_choice(chunk, "delta")
+        choice = _text_only(chunk) or check_choice(chunk, "delta")
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         if not choice:

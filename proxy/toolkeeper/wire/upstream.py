@@ -15,6 +15,7 @@ import orjson
 from toolkeeper.common import dumps
 from toolkeeper.engine import Round, Visible
 from toolkeeper.wire.chat_stream import VISIBLE_FIELDS, MalformedResponse, StreamAssembler, round_from_response
+from toolkeeper.wire.sse import EventSplitter, EventTooLarge
 
 # A model's answer is text and a few calls: past these sizes the server is broken or hostile.
 MAX_EVENT_BYTES = 8 * 2**20
@@ -152,39 +153,34 @@ def _malformed_is_502(parse: Any, *args: Any) -> Any:
     try:
         return parse(*args)
     except MalformedResponse as exc:
-        raise UpstreamError.ours(502, f"the model server sent a malformed response: {exc}",
-                                 "upstream_malformed") from exc
+        raise _as_upstream_error(exc) from exc
+
+
+def _as_upstream_error(exc: Exception) -> UpstreamError:
+    if isinstance(exc, EventTooLarge):
+        return UpstreamError.ours(502, f"the model server sent {exc}", "upstream_too_large")
+    return UpstreamError.ours(502, f"the model server sent a malformed response: {exc}", "upstream_malformed")
 
 
 async def _read_stream(response: aiohttp.ClientResponse) -> AsyncIterator[Visible | Round]:
-    """Parse SSE as it arrives; what one network read brings is handed on together.
-
-    The search for an event's end starts where the last one stopped, so an event that arrives in many
-    pieces costs linear time; one larger than MAX_EVENT_BYTES is refused.
-    """
+    """Parse SSE as it arrives; what one network read brings is handed on together."""
     assembler = StreamAssembler()
-    pending = bytearray()
-    scanned = 0  # bytes of `pending` already searched for a blank line
+    events = EventSplitter(MAX_EVENT_BYTES)
     done = False
     async for data in response.content.iter_any():
-        pending += data.replace(b"\r\n", b"\n") if b"\r" in data else data
-        events, cut = _complete_events(pending, max(0, scanned - 1))
-        del pending[:cut]
-        scanned = len(pending)
-        if scanned > MAX_EVENT_BYTES:
-            raise UpstreamError.ours(502, f"the model server sent a stream event larger than "
-                                          f"{MAX_EVENT_BYTES // 2**20} MiB", "upstream_too_large")
         visible: list[dict[str, str]] = []
         broken: UpstreamError | None = None
         try:
-            for event in events:
-                done, seen = _malformed_is_502(_dispatch, event, assembler)
+            for event in events.feed(data):
+                done, seen = _dispatch(event, assembler)
                 if done:
                     break
                 if seen:
                     visible.append(seen)
         except UpstreamError as exc:
             broken = exc
+        except (MalformedResponse, EventTooLarge) as exc:
+            broken = _as_upstream_error(exc)
         # what came before a broken event is the agent's, whatever the network's timing
         if visible:
             yield Visible(tuple(visible), assembler.head)
@@ -192,25 +188,15 @@ async def _read_stream(response: aiohttp.ClientResponse) -> AsyncIterator[Visibl
             raise broken
         if done:
             break
-    if bytes(pending).strip() and not done:  # the last event, with no blank line after it
-        done, seen = _malformed_is_502(_dispatch, bytes(pending), assembler)
+    last = events.rest()
+    if last and not done:  # the last event, with no blank line after it
+        done, seen = _malformed_is_502(_dispatch, last, assembler)
         if seen:
             yield Visible((seen,), assembler.head)
     if not done and assembler.finish_reason is None:
         raise UpstreamError.ours(502, "the model server's stream ended before the response was complete",
                                  "upstream_incomplete")
     yield assembler.finish()
-
-
-def _complete_events(pending: bytearray, start: int) -> tuple[list[bytes], int]:
-    """The complete events in `pending` (searching from `start`), and where the incomplete rest begins."""
-    events, begin = [], 0
-    end = pending.find(b"\n\n", start)
-    while end != -1:
-        events.append(bytes(pending[begin:end]))
-        begin = end + 2
-        end = pending.find(b"\n\n", begin)
-    return events, begin
 
 
 def _dispatch(event: bytes, assembler: StreamAssembler) -> tuple[bool, dict[str, str] | None]:
