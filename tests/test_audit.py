@@ -356,7 +356,7 @@ def test_metrics_count_a_real_run(scripted, tku):
     after = scrape(tku)
     ok = 'toolkeeper_declared_calls_total{status="ok",tool="lookup"}'
     assert value(after, ok) == value(before, ok) + 1
-    answered = 'toolkeeper_requests_total{code="200",stream="false"}'
+    answered = 'toolkeeper_requests_total{api="chat",code="200",stream="false"}'
     assert value(after, answered) == value(before, answered) + 1
     assert value(after, "toolkeeper_model_rounds_total") == value(before, "toolkeeper_model_rounds_total") + 2
     assert value(after, 'toolkeeper_decisions_total{effect="allow",source="yolo"}') >= 1

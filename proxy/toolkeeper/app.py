@@ -97,7 +97,7 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     admin = admin_app(guard, approvals_api(stores.approvals, channel), AuditPage(stores.audit, guard))
     api_key = os.environ[agent.config.api_key_env] if agent.config.api_key_env else None
     app = proxy_app(engine, settings, upstream_url=agent.config.upstream, api_key=api_key, metrics=metrics,
-                    admin=admin, agent_keys=agent_keys(agent, settings), checks=stores.checks())
+                    admin=admin, agent_keys=agent_keys(agent, settings), checks=stores.checks(), store=stores.store)
 
     async def close(app: web.Application) -> None:
         if policy.opa is not None:

@@ -1,6 +1,7 @@
 """Prometheus metrics, in the text format, from a registry small enough to read.
 
-    toolkeeper_requests_total{stream,code}             chat requests answered
+    toolkeeper_requests_total{api,stream,code}         agent requests answered (chat, responses)
+    toolkeeper_unspoken_requests_total{path}            model requests to an API toolkeeper does not speak
     toolkeeper_model_rounds_total                       upstream model calls
     toolkeeper_upstream_seconds (histogram)             one model round, first byte to last
     toolkeeper_declared_calls_total{tool,status}        declared calls, by outcome

@@ -37,7 +37,8 @@ class ExecutionRecord(BaseModel):
     record_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     time: float = _in("decided", default_factory=time.time)
     request_id: str = _in("decided", "")
-    agent: str = _in("decided", "")  # a short hash identifying the agent's credentials, never the key
+    agent: str = _in("decided", "")  # the agent's listed name, or a short hash of its credentials; never the key
+    api: str = _in("decided", "chat")  # the API the agent spoke: chat | responses | messages
     tool: str = _in("decided", "")
     runner: str = _in("decided", "")
     call_id: str = _in("decided", "")

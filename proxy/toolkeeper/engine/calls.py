@@ -98,7 +98,8 @@ class CallHandler:
 
     async def handle(self, call: ToolCall, tool: DeclaredTool, context: CallContext, *,
                      truncated: bool = False) -> Outcome:
-        record = ExecutionRecord(request_id=context.turn.request_id, agent=context.turn.agent, tool=tool.name,
+        record = ExecutionRecord(request_id=context.turn.request_id, agent=context.turn.agent, api=context.turn.api,
+                                 tool=tool.name,
                                  runner=tool.spec.runner, call_id=call.id, arguments_sent=call.arguments,
                                  status="invalid", policy_revision=self.policy.revision)
         state = _Call(call, tool, context, record, truncated)

@@ -96,6 +96,7 @@ class _Turn:
             rounds=self.rounds,
             last=last,
             exchange=exchange,
+            said=said,
         )
 
 
@@ -126,6 +127,11 @@ class Engine:
                 continue
             active[name] = tool
         return active
+
+    def hidden_names(self, request: dict[str, Any]) -> set[str]:
+        """The tool names whose calls the agent of this request never sees (for adapters that relay events)."""
+        agent_tools = {tool_name(t) for t in request.get("tools") or []}
+        return Discovery(self.index, self.active_tools(request), agent_tools, []).hidden_names
 
     async def run(self, request: dict[str, Any], model: Model,
                   context: TurnContext | None = None) -> AsyncIterator[Event]:

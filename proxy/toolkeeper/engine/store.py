@@ -34,6 +34,11 @@ CREATE TABLE IF NOT EXISTS exchanges (
     expires REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS exchanges_loose ON exchanges (loose_key);
+CREATE TABLE IF NOT EXISTS links (
+    key TEXT PRIMARY KEY,       -- tenant and an id the agent received (a response id)
+    value BLOB NOT NULL,        -- what it stands for upstream
+    expires REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS call_results (
     key TEXT PRIMARY KEY,       -- tenant, request body and the call
     answer TEXT NOT NULL,
@@ -53,6 +58,10 @@ class Store(Protocol):
     def put_call_result(self, key: str, answer: str, ttl: float) -> None: ...
 
     def get_call_result(self, key: str) -> str | None: ...
+
+    def put_link(self, key: str, value: dict, ttl: float) -> None: ...
+
+    def get_link(self, key: str) -> dict | None: ...
 
     def close(self) -> None: ...
 
@@ -102,6 +111,18 @@ class SQLiteStore:
                                    (key, time.time())).fetchone()
         return row[0] if row else None
 
+    def put_link(self, key: str, value: dict, ttl: float) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO links VALUES (?, ?, ?)", (key, orjson.dumps(value),
+                                                                             time.time() + ttl))
+            self._wrote()
+
+    def get_link(self, key: str) -> dict | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM links WHERE key = ? AND expires > ?",
+                                   (key, time.time())).fetchone()
+        return orjson.loads(row[0]) if row else None
+
     def _wrote(self) -> None:
         self._writes += 1
         if self._writes % PURGE_EVERY == 0:
@@ -113,6 +134,7 @@ class SQLiteStore:
         self._db.execute("UPDATE exchanges SET body = NULL WHERE expires <= ? AND body IS NOT NULL", (now,))
         self._db.execute("DELETE FROM exchanges WHERE body IS NULL AND expires <= ? - 86400", (now,))
         self._db.execute("DELETE FROM call_results WHERE expires <= ?", (now,))
+        self._db.execute("DELETE FROM links WHERE expires <= ?", (now,))
 
     def close(self) -> None:
         with self._lock:

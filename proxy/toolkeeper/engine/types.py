@@ -90,6 +90,7 @@ class TurnResult:
     rounds: int
     last: Round
     exchange: list[dict[str, Any]]  # what the model saw, where the agent saw one message; [] if nothing hidden
+    said: str = ""  # toolkeeper's own closing words, when it ended the turn (already among the visible text)
 
     @property
     def passthrough(self) -> bool:
@@ -122,6 +123,7 @@ class TurnContext:
     tenant: str = ""  # the full hash of the credentials: whose stored history this is
     request_key: str = ""  # the credentials and the exact body: a retried request has the same
     agent_header: str | None = None  # the identity header the deployment sets, if it names one
+    api: str = "chat"  # which agent API the request came in: chat | responses | messages
 
 
 def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:

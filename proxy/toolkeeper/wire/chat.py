@@ -13,7 +13,6 @@ event and a clean close.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import secrets
 import time
@@ -24,27 +23,14 @@ import orjson
 from aiohttp import web
 
 from toolkeeper.common import dumps
-from toolkeeper.engine import Engine, Event, TurnContext, TurnResult, Visible, Working
-from toolkeeper.metrics import Metrics
+from toolkeeper.engine import Event, TurnResult, Visible, Working
+from toolkeeper.wire.agentapi import AgentAPI, bad_request, error_response, keep_alive
 from toolkeeper.wire.chat_stream import of_json_type
-from toolkeeper.wire.guard import AGENT_NAME, is_json
-from toolkeeper.wire.upstream import Upstream, UpstreamError, error_body
+from toolkeeper.wire.upstream import UpstreamError
 
 log = logging.getLogger("toolkeeper")
 
-KEEPALIVE = b": keep-alive\n\n"
 DONE = b"data: [DONE]\n\n"
-
-
-def bad_request(message: str, code: str = "invalid_request", status: int = 400) -> web.Response:
-    return web.Response(status=status, body=error_body(message, code, "invalid_request_error"),
-                        content_type="application/json")
-
-
-def credentials_hash(headers: Any) -> str:
-    """A hash of the agent's credentials: who the agent is, never the key itself."""
-    credential = headers.get("Authorization") or headers.get("api-key") or ""
-    return hashlib.sha256(b"toolkeeper-tenant\x00" + credential.encode()).hexdigest()
 
 
 def check_request(body: Any) -> str | None:
@@ -117,48 +103,15 @@ def _check_tool(tool: Any) -> str | None:
     return None
 
 
-class ChatCompletions:
-    def __init__(self, engine: Engine, upstream: Upstream, *, keepalive: float = 5.0,
-                 identity_header: str | None = None, metrics: Metrics | None = None):
-        self.engine = engine
-        self.upstream = upstream
-        self.keepalive = keepalive
-        self.identity_header = identity_header  # set by the deployment, read by policies
-        self.metrics = metrics
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        response = await self._handle(request)
-        if self.metrics is not None:
-            self.metrics.count("toolkeeper_requests_total", "Chat requests answered, by streaming and status.",
-                               stream=str(response.content_type == "text/event-stream").lower(),
-                               code=str(response.status))
-        return response
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        if not is_json(request.headers.get("Content-Type", "")):
-            # a web page can post text/plain without asking first; an agent always sends JSON
-            return bad_request("the request body must be sent as Content-Type: application/json",
-                               "unsupported_content_type", status=415)
-        raw = await request.read()
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            return bad_request(f"the request body is not valid JSON: {exc}")
+class ChatCompletions(AgentAPI):
+    async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
         problem = check_request(body)
         if problem:
             return bad_request(problem)
         if isinstance(body.get("n"), int) and body["n"] > 1 and self.engine.active_tools(body):
             return bad_request("n > 1 cannot be combined with declared tools: each choice would run them; "
                                "send n = 1", "n_not_supported")
-        tenant = credentials_hash(request.headers)
-        context = TurnContext(
-            request_id=request.headers.get("X-Request-Id") or secrets.token_hex(8),
-            agent=request.get(AGENT_NAME) or tenant[:16],
-            tenant=tenant,
-            request_key=hashlib.sha256(tenant.encode() + b"\x00" + raw).hexdigest(),
-            agent_header=request.headers.get(self.identity_header) if self.identity_header else None,
-        )
-        events = self.engine.run(body, self.upstream.model(request.headers), context)
+        events = self.engine.run(body, self.upstream.model(request.headers), self.context(request, raw))
         if body.get("stream"):
             return await StreamWriter(request, body, self.keepalive).relay(events)
         return await self._whole(body, events)
@@ -170,11 +123,10 @@ class ChatCompletions:
                 if isinstance(event, TurnResult):
                     result = event
         except UpstreamError as exc:
-            return web.Response(status=exc.status, body=exc.body, headers={"Content-Type": exc.content_type})
+            return error_response(exc)
         except Exception as exc:  # a bug of ours: still an answer in the API's shape, never a bare 500 page
             log.error("turn failed", exc_info=exc)
-            error = UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error")
-            return web.Response(status=error.status, body=error.body, content_type="application/json")
+            return error_response(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error"))
         if result is None:
             raise RuntimeError("the engine ended a turn without a result")
         if result.passthrough:
@@ -235,7 +187,7 @@ class StreamWriter:
         try:
             async for event in events:
                 if isinstance(event, Working):
-                    keepalive = keepalive or asyncio.create_task(self._keep_alive())
+                    keepalive = keepalive or asyncio.create_task(keep_alive(self.keepalive, self._write))
                     continue
                 if keepalive is not None:
                     keepalive.cancel()
@@ -257,11 +209,6 @@ class StreamWriter:
         if self.response is None:
             raise RuntimeError("the engine ended a turn without a result")
         return self.response
-
-    async def _keep_alive(self) -> None:
-        while True:
-            await asyncio.sleep(self.keepalive)
-            await self._write(KEEPALIVE)
 
     async def _prepared(self) -> web.StreamResponse:
         if self.response is None:
@@ -311,6 +258,6 @@ class StreamWriter:
 
     async def _fail(self, error: UpstreamError) -> web.StreamResponse:
         if self.response is None:
-            return web.Response(status=error.status, body=error.body, headers={"Content-Type": error.content_type})
+            return error_response(error)
         await self.response.write_eof(b"data: " + orjson.dumps({"error": error.error_object()}) + b"\n\n")
         return self.response

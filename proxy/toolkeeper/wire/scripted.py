@@ -1,6 +1,7 @@
 """A scripted model server: the one stand-in allowed, since no model runs here.
 
-It speaks the Chat Completions wire protocol as OpenAI does, SSE included,
+It speaks the Chat Completions wire protocol as OpenAI does, SSE included
+(and the Responses API, strict as OpenAI's: scripted_responses.py),
 replays scripted responses in order, records every request it receives, and
 reproduces the quirks of real servers on demand. `toolkeeper demo` and the
 tests use it; it runs in-process or as `python -m toolkeeper.wire.scripted`.
@@ -41,6 +42,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from toolkeeper.wire.scripted_responses import Rejected, ResponsesScript
+
 MODEL = "scripted-model"
 
 
@@ -49,10 +52,12 @@ class ScriptedModel:
         self.steps: list[dict[str, Any]] = list(steps or [])
         self.requests: list[dict[str, Any]] = []
         self._ids = itertools.count(1)
+        self.responses_script = ResponsesScript()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/responses", self.responses)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_post("/_script", self.set_script)
@@ -62,7 +67,10 @@ class ScriptedModel:
     def _next_step(self, body: dict[str, Any]) -> dict[str, Any]:
         """The first step for this request: steps with `when` answer only requests whose last
         user message contains it, so concurrent conversations each get their own script."""
-        asked = next((str(m.get("content")) for m in reversed(body.get("messages") or [])
+        conversation = body.get("messages") or body.get("input") or []
+        if isinstance(conversation, str):
+            conversation = [{"role": "user", "content": conversation}]
+        asked = next((str(m.get("content")) for m in reversed(conversation)
                       if isinstance(m, dict) and m.get("role") == "user"), "")
         for position, step in enumerate(self.steps):
             if step.get("when") is None or step["when"] in asked:
@@ -98,6 +106,27 @@ class ScriptedModel:
         return web.json_response({"object": "list", "model": body.get("model", MODEL), "data": [
             {"object": "embedding", "index": 0, "embedding": [0.25, -0.5, 0.125]}],
             "usage": {"prompt_tokens": 3, "total_tokens": 3}})
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        self.requests.append({"body": body, "headers": {str(k): v for k, v in request.headers.items()}})
+        try:
+            context = self.responses_script.context(body)
+        except Rejected as exc:
+            return web.json_response(exc.body, status=400)
+        step = self._next_step(body) if self.steps else {"status": 500}
+        if step.get("delay"):
+            await asyncio.sleep(step["delay"])
+        if step.get("hang"):
+            await asyncio.sleep(3600)
+        if "status" in step and not isinstance(step["status"], str):
+            payload = step.get("body", {"error": {"message": "scripted failure", "type": "server_error"}})
+            return web.json_response(payload, status=step["status"])
+        if "raw" in step:
+            return web.Response(body=step["raw"].encode(), headers={
+                "Content-Type": step.get("content_type", "application/json")})
+        response = self.responses_script.answer(step, body, context)
+        return await self.responses_script.reply(request, response, bool(body.get("stream")))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())

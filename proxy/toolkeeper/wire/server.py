@@ -8,22 +8,32 @@ upstream session.
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
 
-from toolkeeper.engine import Engine
+from toolkeeper.engine import Engine, Store
 from toolkeeper.metrics import Metrics
 from toolkeeper.settings import Settings
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
+from toolkeeper.wire.agentapi import credentials_hash
 from toolkeeper.wire.chat import ChatCompletions
 from toolkeeper.wire.guard import AgentKeys, OriginGuard
+from toolkeeper.wire.responses import ResponsesAPI
 from toolkeeper.wire.upstream import HOP_BY_HOP, Upstream, UpstreamError, forward_headers
+
+log = logging.getLogger("toolkeeper")
 
 UPSTREAM_KEY = web.AppKey("upstream", Upstream)
 CHAT_KEY = web.AppKey("chat", ChatCompletions)
+RESPONSES_KEY = web.AppKey("responses", ResponsesAPI)
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+RESPONSES_PATHS = ("/v1/responses", "/responses")
+# Model endpoints toolkeeper does not speak: passed through, but never silently (declared tools are not offered).
+UNSPOKEN = re.compile(r"^/(v1/)?(completions|messages|realtime|responses/compact|chat/completions/.+)$")
 # Agents send whole conversations; the default 1 MiB would refuse long ones.
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
@@ -33,12 +43,14 @@ Check = Callable[[], object]
 
 
 def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key: str | None, metrics: Metrics,
-              admin: web.Application, checks: dict[str, Check], agent_keys: dict[str, str]) -> web.Application:
+              admin: web.Application, checks: dict[str, Check], agent_keys: dict[str, str],
+              store: Store) -> web.Application:
     origins = OriginGuard(settings.allow_origin)
     # toolkeeper holding the upstream key means agents must prove who they are
     keys = AgentKeys(agent_keys, required=api_key is not None)
     app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[origins.middleware, keys.middleware])
     app.on_response_prepare.append(origins.on_prepare)
+    probes = Probes(engine, metrics, checks)
 
     async def upstream_session(app: web.Application):
         # One pooled session for the process: a connection per request would
@@ -47,25 +59,60 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
         async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
             upstream = Upstream(upstream_url, session, api_key=api_key, read_timeout=settings.read_timeout)
             app[UPSTREAM_KEY] = upstream
-            app[CHAT_KEY] = ChatCompletions(engine, upstream, keepalive=settings.keepalive,
-                                            identity_header=settings.identity_header, metrics=metrics)
+            adapter = {"keepalive": settings.keepalive, "identity_header": settings.identity_header,
+                       "metrics": metrics}
+            app[CHAT_KEY] = ChatCompletions(engine, upstream, **adapter)
+            app[RESPONSES_KEY] = ResponsesAPI(engine, upstream, store=store, **adapter)
             yield
 
     app.cleanup_ctx.append(upstream_session)
+    for path in CHAT_PATHS:
+        app.router.add_post(path, chat)
+    for path in RESPONSES_PATHS:
+        app.router.add_post(path, responses)
+        app.router.add_get(path + "/{id}", stored_response)
+    app.router.add_get("/healthz", probes.healthz)
+    app.router.add_get("/metrics", probes.metrics_page)
+    app.router.add_get("/readyz", probes.readyz)
+    app.add_subapp(ADMIN_PREFIX, admin)
+    unspoken = Unspoken(metrics)
+    app.router.add_route("*", "/{tail:.*}", lambda request: passthrough(request, unspoken=unspoken))
+    return app
 
-    async def chat(request: web.Request) -> web.StreamResponse:
-        return await request.app[CHAT_KEY].handle(request)
 
-    async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "tools": sorted(engine.agent.tools)})
+async def chat(request: web.Request) -> web.StreamResponse:
+    return await request.app[CHAT_KEY].handle(request)
 
-    async def metrics_page(request: web.Request) -> web.Response:
-        return web.Response(text=metrics.render(), content_type="text/plain", charset="utf-8")
 
-    async def readyz(request: web.Request) -> web.Response:
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await request.app[RESPONSES_KEY].handle(request)
+
+
+async def stored_response(request: web.Request) -> web.StreamResponse:
+    """GET /v1/responses/{id}: an id the agent received stands for the last round of its turn."""
+    tenant = credentials_hash(request.headers)
+    upstream_id = request.app[RESPONSES_KEY].resolve(tenant, request.match_info["id"])
+    return await passthrough(request, path=f"/responses/{upstream_id}")
+
+
+class Probes:
+    """/healthz, /readyz and /metrics: for orchestrators and scrapers."""
+
+    def __init__(self, engine: Engine, metrics: Metrics, checks: dict[str, Check]):
+        self.engine = engine
+        self.metrics = metrics
+        self.checks = checks
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "tools": sorted(self.engine.agent.tools)})
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def readyz(self, request: web.Request) -> web.Response:
         """Ready when every component answers and the upstream client is up."""
         problems = []
-        for name, check in checks.items():
+        for name, check in self.checks.items():
             try:
                 # in a thread, bounded: a database that hangs must not freeze the event loop, nor this answer
                 await asyncio.wait_for(asyncio.to_thread(check), CHECK_WAIT)
@@ -78,20 +125,35 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
         body = {"ready": not problems, "problems": problems}
         return web.json_response(body, status=200 if not problems else 503)
 
-    for path in CHAT_PATHS:
-        app.router.add_post(path, chat)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics_page)
-    app.router.add_get("/readyz", readyz)
-    app.add_subapp(ADMIN_PREFIX, admin)
-    app.router.add_route("*", "/{tail:.*}", passthrough)
-    return app
+
+class Unspoken:
+    """A model endpoint toolkeeper does not speak is passed through, logged once per path and counted: the
+    agent's model gets no declared tools there, and a security layer must not be bypassed silently."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+        self.warned: set[str] = set()
+
+    def __call__(self, request: web.Request) -> None:
+        if request.method != "POST" or not UNSPOKEN.match(request.path):
+            return
+        self.metrics.count("toolkeeper_unspoken_requests_total", "Model requests passed through to an endpoint "
+                           "toolkeeper does not speak (no declared tools, no policy on them).", path=request.path)
+        if request.path not in self.warned:
+            self.warned.add(request.path)
+            log.warning("%s is passed through untouched: toolkeeper does not speak this API, so its model gets no "
+                        "declared tools and its tool calls no policy; point the agent at /v1/chat/completions or "
+                        "/v1/responses", request.path)
 
 
-async def passthrough(request: web.Request) -> web.StreamResponse:
-    """Anything that is not a chat request goes upstream untouched, streamed both ways."""
+async def passthrough(request: web.Request, *, path: str | None = None,
+                      unspoken: Unspoken | None = None) -> web.StreamResponse:
+    """Anything that is not an agent API request goes upstream untouched, streamed both ways."""
     upstream: Upstream = request.app[UPSTREAM_KEY]
-    path = request.path[3:] if request.path.startswith("/v1/") else request.path
+    if unspoken is not None:
+        unspoken(request)
+    if path is None:
+        path = request.path[3:] if request.path.startswith("/v1/") else request.path
     url = upstream.url(path) + (f"?{request.query_string}" if request.query_string else "")
     data = request.content if request.body_exists else None
     headers = forward_headers(request.headers, upstream.api_key)

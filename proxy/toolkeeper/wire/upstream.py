@@ -112,7 +112,7 @@ class UpstreamModel:
                         yield event
                 else:
                     # not streamed (or a server that ignored `stream`): one whole response
-                    raw = await _read_whole(response)
+                    raw = await read_whole(response)
                     result = _malformed_is_502(round_from_response, raw, _parse_json(raw))
                     visible = {key: value for key, value in result.message.items()
                                if key in VISIBLE_FIELDS and isinstance(value, str) and value}
@@ -139,7 +139,7 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
     return parsed
 
 
-async def _read_whole(response: aiohttp.ClientResponse) -> bytes:
+async def read_whole(response: aiohttp.ClientResponse) -> bytes:
     body = bytearray()
     async for data in response.content.iter_any():
         body += data

@@ -1,0 +1,262 @@
+"""The Responses API adapter: `POST /v1/responses` in, one engine turn out.
+
+    agent body --(input items -> neutral messages)--> engine --(ResponsesModel: neutral -> input items)--> upstream
+    agent  <-- one response: the items it may see, one id, usage summed --+
+
+History, both ways the API keeps it:
+
+- the agent resends its whole `input` (`store: false`, Codex; or the SDKs'
+  defaults): the engine restores the hidden items in their place, as for
+  Chat Completions (responses_items.py says how items become messages);
+- `previous_response_id` (or `conversation`): each hidden round goes upstream
+  chained to the one before, so the server's stored chain holds them all. The
+  agent receives the first round's id; the store links it to the last round's
+  (and to the results of declared calls the last round still owes), and the
+  agent's next `previous_response_id` is mapped through that link.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from toolkeeper.common import digest, dumps
+from toolkeeper.engine import Round, Store, TurnResult, Visible
+from toolkeeper.wire.agentapi import AgentAPI, bad_request, error_response
+from toolkeeper.wire.chat_stream import MalformedResponse
+from toolkeeper.wire.responses_items import (
+    ITEMS,
+    check_request,
+    flat_tool,
+    input_from_messages,
+    messages_from_input,
+    round_from_response,
+    said_item,
+    visible_items,
+)
+from toolkeeper.wire.responses_stream import ResponsesReader, UpstreamFailed
+from toolkeeper.wire.responses_writer import ResponsesWriter, final_response
+from toolkeeper.wire.sse import EventSplitter, EventTooLarge
+from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, UpstreamError, forward_headers, read_whole
+
+log = logging.getLogger("toolkeeper")
+
+# What the engine reads of a request; the rest of the agent's body goes upstream as it came.
+ENGINE_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
+CHAIN_KEYS = ("previous_response_id", "conversation")
+LINK_TTL = 30 * 24 * 3600  # stored responses are kept 30 days upstream
+
+
+class ResponsesAPI(AgentAPI):
+    api = "responses"
+
+    def __init__(self, *args: Any, store: Store, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.store = store
+
+    async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
+        problem = check_request(body)
+        if problem:
+            return bad_request(problem)
+        context = self.context(request, raw)
+        body = self._follow_link(context.tenant, body)
+        neutral = {"messages": messages_from_input(body["input"]),
+                   **{key: body[key] for key in ENGINE_KEYS if key in body}}
+        model = ResponsesModel(self.upstream, request.headers, body, self.engine.hidden_names(neutral))
+        events = self.engine.run(neutral, model, context)
+        if body.get("stream"):
+            writer = ResponsesWriter(request, model, self.keepalive)
+            response = await writer.relay(events)
+            result = writer.result
+        else:
+            response, result = await self._whole(model, events)
+        if result is not None:
+            self._link(context.tenant, model, result)
+        return response
+
+    async def _whole(self, model: ResponsesModel, events: AsyncIterator[Any]) -> tuple[web.StreamResponse,
+                                                                                       TurnResult | None]:
+        result = None
+        try:
+            async for event in events:
+                if isinstance(event, TurnResult):
+                    result = event
+        except UpstreamError as exc:
+            return error_response(exc), None
+        except Exception as exc:  # a bug of ours: still an answer in the API's shape
+            log.error("turn failed", exc_info=exc)
+            return error_response(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error")), None
+        if result is None:
+            raise RuntimeError("the engine ended a turn without a result")
+        if result.passthrough and not model.hidden:  # no declared tool offered: the server's bytes as they are
+            return web.Response(body=result.last.raw, content_type="application/json"), result
+        output = model.visible_output + ([said_item(result.said)] if result.said else [])
+        return web.Response(body=dumps(final_response(model, result, output)),
+                            content_type="application/json"), result
+
+    # -- previous_response_id across hidden rounds ------------------------------------
+
+    def _follow_link(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The agent's previous_response_id, mapped to the last upstream response of that turn; the declared
+        results that response still owes go first in the input."""
+        previous = body.get("previous_response_id")
+        link = self.store.get_link(digest(tenant, "response", previous)) if isinstance(previous, str) else None
+        if link is None:
+            return body
+        given = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
+        return {**body, "previous_response_id": link["last"], "input": [*link["owed"], *given]}
+
+    def _link(self, tenant: str, model: ResponsesModel, result: TurnResult) -> None:
+        # after a mixed round, the results of its declared calls go upstream with the agent's own
+        last_call = max((i for i, m in enumerate(result.exchange) if m.get("role") == "assistant"), default=-1)
+        owed = input_from_messages(result.exchange[last_call + 1:])
+        if result.rounds == 1 and not owed:
+            return  # nothing hidden: the id the agent got is the model server's own
+        self.store.put_link(digest(tenant, "response", model.first_id or ""),
+                            {"last": result.last.head.get("id"), "owed": owed}, LINK_TTL)
+
+    def resolve(self, tenant: str, response_id: str) -> str:
+        """An id the agent received, as the model server knows it (for GET /v1/responses/{id})."""
+        link = self.store.get_link(digest(tenant, "response", response_id))
+        return link["last"] if link else response_id
+
+
+class ResponsesModel:
+    """The engine's Model for the Responses API: one upstream response per round."""
+
+    def __init__(self, upstream: Upstream, headers: Mapping[str, str], body: dict[str, Any], hidden: set[str]):
+        self.upstream = upstream
+        self.headers = {**forward_headers(headers, upstream.api_key), "Content-Type": "application/json"}
+        self.body = body
+        self.hidden = hidden
+        self.streaming = bool(body.get("stream"))
+        self.chain = next((key for key in CHAIN_KEYS if body.get(key)), None)
+        self.rounds: list[Round] = []
+        self.first: dict[str, Any] | None = None  # the first round's response: the agent's response id and head
+        self.visible_output: list[dict[str, Any]] = []  # not streamed: the items the agent sees, in order
+        self.reader: ResponsesReader | None = None
+        self.relayed: list[tuple[int, dict[str, Any]]] = []  # streamed: (round, event) the writer has yet to send
+        self._consumed = 0  # chained: how many neutral messages the upstream chain already holds
+
+    @property
+    def first_id(self) -> str | None:
+        return (self.first or {}).get("id")
+
+    def shown(self, response: dict[str, Any]) -> dict[str, Any]:
+        """A response object as the agent may see it: the server echoes the tools it was sent, declared ones
+        included; the agent sees its own, and its own tool_choice."""
+        shown = {**response, "tools": self.body.get("tools") or []}
+        if "tool_choice" in self.body:
+            shown["tool_choice"] = self.body["tool_choice"]
+        return shown
+
+    def request(self, neutral: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in self.body.items() if k not in (*ENGINE_KEYS, *CHAIN_KEYS, "input")}
+        for key in ENGINE_KEYS:
+            if key in neutral:
+                out[key] = [flat_tool(t) for t in neutral[key]] if key == "tools" else neutral[key]
+        messages = neutral["messages"]
+        if self.chain and self.rounds:  # the chain holds the rounds so far: only the new items go
+            if self.chain == "previous_response_id":
+                out["previous_response_id"] = self.rounds[-1].head.get("id")
+            else:
+                out["conversation"] = self.body["conversation"]
+            out["input"] = input_from_messages(messages[self._consumed:])
+        else:
+            out.update({key: self.body[key] for key in CHAIN_KEYS if key in self.body})
+            out["input"] = input_from_messages(messages)
+        self._consumed = len(messages) + 1  # and the round's own output
+        return out
+
+    async def round(self, body: dict[str, Any]) -> AsyncIterator[Visible | Round]:
+        self.reader = ResponsesReader(self.hidden)
+        try:
+            async with self.upstream.session.post(self.upstream.url("/responses"), data=dumps(self.request(body)),
+                                                  headers=self.headers, timeout=self.upstream.timeout) as response:
+                if response.status != 200:
+                    raise UpstreamError(response.status, await response.read(),
+                                        response.headers.get("Content-Type", "application/json"))
+                if "text/event-stream" in response.headers.get("Content-Type", ""):
+                    async for event in self._read_stream(response):
+                        yield event
+                else:
+                    for event in self._read_whole(await read_whole(response)):
+                        yield event
+        except (MalformedResponse, EventTooLarge) as exc:
+            code = "upstream_too_large" if isinstance(exc, EventTooLarge) else "upstream_malformed"
+            raise UpstreamError.ours(502, f"the model server sent a malformed response: {exc}", code) from exc
+        except UpstreamFailed as exc:
+            error = {"message": exc.error.get("message") or "the model server failed", "type": "upstream_error",
+                     "param": None, "code": exc.error.get("code") or "upstream_failed"}
+            raise UpstreamError(502, orjson.dumps({"error": error})) from exc
+        except TimeoutError as exc:
+            raise UpstreamError.ours(504, "the model server did not answer in time", "upstream_timeout") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamError.ours(502, f"cannot reach the model server: {exc}", "upstream_unreachable") from exc
+
+    async def _read_stream(self, response: aiohttp.ClientResponse) -> AsyncIterator[Visible | Round]:
+        reader = self.reader
+        events = EventSplitter(MAX_EVENT_BYTES)
+        async for data in response.content.iter_any():
+            texts = [text for event in events.feed(data) if (text := reader.feed(_event(event)))]
+            self.first = self.first or reader.response
+            if self._collect():
+                yield Visible(tuple({"content": text} for text in texts), _head(self.first))
+        last = events.rest()
+        if last:
+            reader.feed(_event(last))
+        found = reader.finish()
+        self._collect()
+        yield self._finished(found)
+
+    def _collect(self) -> bool:
+        """Move what the reader kept for the agent to the writer's queue; True when there was some."""
+        taken = self.reader.take() if self.reader else []
+        self.relayed.extend((len(self.rounds), event) for event in taken)
+        return bool(taken)
+
+    def take(self) -> list[tuple[int, dict[str, Any]]]:
+        taken, self.relayed = self.relayed, []
+        return taken
+
+    def _read_whole(self, raw: bytes) -> list[Visible | Round]:
+        try:
+            response = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise MalformedResponse(f"JSON that does not parse ({exc})") from exc
+        if not isinstance(response, dict) or not isinstance(response.get("output", []), list):
+            raise MalformedResponse("a response without its output list")
+        if response.get("status") == "failed":
+            raise UpstreamFailed(response.get("error") or {}, response)
+        found = round_from_response(response, raw if not self.streaming else None)
+        self.first = self.first or response
+        shown = visible_items(found.message[ITEMS], self.hidden)
+        self.visible_output.extend(shown)
+        text = found.message.get("content")
+        return [*([Visible(({"content": text},), _head(self.first))] if text else []), self._finished(found)]
+
+    def _finished(self, found: Round) -> Round:
+        self.rounds.append(found)
+        return found
+
+
+def _event(data: bytes) -> dict[str, Any]:
+    """One SSE event's JSON (its `data:` lines; the `event:` line repeats the type)."""
+    lines = [line[5:].lstrip() for line in data.split(b"\n") if line.startswith(b"data:")]
+    try:
+        event = orjson.loads(b"\n".join(lines))
+    except orjson.JSONDecodeError as exc:
+        raise MalformedResponse(f"a stream event that is not JSON ({exc})") from exc
+    if not isinstance(event, dict):
+        raise MalformedResponse("a stream event that is not an object")
+    return event
+
+
+def _head(response: dict[str, Any] | None) -> dict[str, Any]:
+    return {"id": (response or {}).get("id")}
+

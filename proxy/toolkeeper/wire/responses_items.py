@@ -1,0 +1,190 @@
+"""Responses API items, to and from the engine's neutral (Chat Completions) form, losing nothing.
+
+The engine and its history work on chat messages. An agent's `input` becomes
+such messages, each carrying the items it came from (`_items`), so that the
+model server always gets back the agent's items verbatim:
+
+    user/system/developer message        -> {"role": role, "content": ...}
+    assistant items in a row: reasoning,
+      message, function_call, custom_tool_call,
+      item_reference, server tool calls   -> one {"role": "assistant", "content": text, "tool_calls": [...]}
+    function_call_output (and custom)     -> {"role": "tool", "tool_call_id": call_id, "content": output}
+
+Grouping a response's items into one assistant message is what lets the
+history recognise what the agent received, whether it resends the items with
+their ids, as references, or with ids stripped: the key reads the role, the
+text and the calls (by `call_id`), never an item id.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from toolkeeper.engine import Round, ToolCall
+
+ITEMS = "_items"  # the original items of a neutral message
+CALL_ITEM = "_item"  # the original item of a call
+CALL_TYPES = ("function_call", "custom_tool_call")
+OUTPUT_TYPES = ("function_call_output", "custom_tool_call_output")
+INPUT_ROLES = ("user", "system", "developer")
+# Input items the API defines, and the shape each must have (checked before anything is sent).
+REQUIRED = {"function_call": ("call_id", "name"), "function_call_output": ("call_id",),
+            "custom_tool_call": ("call_id", "name"), "custom_tool_call_output": ("call_id",),
+            "item_reference": ("id",), "reasoning": ()}
+
+
+def messages_from_input(value: Any) -> list[dict[str, Any]]:
+    """The agent's `input` (a string, or items) as neutral messages."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value, ITEMS: [{"role": "user", "content": value}]}]
+    messages: list[dict[str, Any]] = []
+    for item in value:
+        kind = item.get("type", "message")
+        role = item.get("role")
+        if kind == "message" and role in INPUT_ROLES:
+            messages.append({"role": role, "content": item.get("content"), ITEMS: [item]})
+        elif kind in OUTPUT_TYPES:
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": item.get("output"),
+                             ITEMS: [item]})
+        else:  # what a response produced: grouped while they follow each other
+            if not messages or messages[-1]["role"] != "assistant":
+                messages.append({"role": "assistant", "content": None, ITEMS: []})
+            _join(messages[-1], item)
+    return messages
+
+
+def _join(message: dict[str, Any], item: dict[str, Any]) -> None:
+    message[ITEMS].append(item)
+    text = item_text(item)
+    if text:
+        message["content"] = (message["content"] or "") + text
+    if item.get("type") in CALL_TYPES:
+        message.setdefault("tool_calls", []).append(call_entry(item))
+
+
+def item_text(item: dict[str, Any]) -> str:
+    """The text an assistant message item says (its output_text parts, or an easy message's string)."""
+    if item.get("type", "message") != "message" or item.get("role", "assistant") != "assistant":
+        return ""
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content or [] if isinstance(part, dict)
+                   and part.get("type") == "output_text")
+
+
+def call_entry(item: dict[str, Any]) -> dict[str, Any]:
+    arguments = item.get("arguments") if item.get("type") == "function_call" else item.get("input")
+    return {"id": item.get("call_id"), "type": "function",
+            "function": {"name": item.get("name"), "arguments": arguments or ""}}
+
+
+def input_from_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Neutral messages back to `input` items: the originals where there are, made ones for what toolkeeper
+    added (the results of declared calls, its own closing words)."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        if ITEMS in message:
+            items.extend(message[ITEMS])
+        elif message.get("role") == "tool":
+            items.append({"type": "function_call_output", "call_id": message.get("tool_call_id"),
+                          "output": message.get("content") or ""})
+        else:
+            items.append({"role": message.get("role"), "content": message.get("content") or ""})
+    return items
+
+
+def round_from_response(response: dict[str, Any], raw: bytes | None = None) -> Round:
+    """One upstream response as the engine's Round."""
+    items = [item for item in response.get("output") or [] if isinstance(item, dict)]
+    calls = [ToolCall(item.get("call_id") or item.get("id") or "", item.get("name") or "",
+                      item.get("arguments") if item["type"] == "function_call" else item.get("input"),
+                      {CALL_ITEM: item})
+             for item in items if item.get("type") in CALL_TYPES]
+    text = "".join(item_text(item) for item in items)
+    status = response.get("status")
+    finish = "tool_calls" if calls else ("length" if status == "incomplete" else "stop")
+    head = {"id": response.get("id"), "created_at": response.get("created_at"), "model": response.get("model"),
+            "response": {k: v for k, v in response.items() if k not in ("output", "usage")}}
+    return Round(head, {"content": text or None, ITEMS: items}, calls, finish, response.get("usage"), raw=raw)
+
+
+def visible_items(items: list[dict[str, Any]], hidden: set[str]) -> list[dict[str, Any]]:
+    """The items the agent may see: all but the declared calls, and the reasoning that led to one (a
+    reasoning item travels with the item it precedes)."""
+    shown: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []
+    for item in items:
+        if item.get("type") == "reasoning":
+            pending.append(item)
+            continue
+        if not (item.get("type") in CALL_TYPES and item.get("name") in hidden):
+            shown.extend(pending)
+            shown.append(item)
+        pending = []
+    return shown
+
+
+def said_item(text: str) -> dict[str, Any]:
+    """toolkeeper's own closing words (a turn it ended), as a message item."""
+    return {"id": "msg_" + secrets.token_hex(16), "type": "message", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def flat_tool(entry: dict[str, Any]) -> dict[str, Any]:
+    """A tool entry for the Responses API: a declared tool's chat-shaped schema flattened; others as they are."""
+    function = entry.get("function")
+    if entry.get("type") == "function" and isinstance(function, dict):
+        return {"type": "function", **function}
+    return entry
+
+
+def check_request(body: Any) -> str | None:
+    """What is wrong with a Responses request, in the words a 400 gives; None when it can be served."""
+    if not isinstance(body, dict):
+        return "the request body must be a JSON object"
+    value = body.get("input")
+    if not isinstance(value, (str, list)):
+        return "'input' must be a string or a list of items"
+    for position, item in enumerate(value if isinstance(value, list) else []):
+        problem = _check_item(item)
+        if problem:
+            return f"input[{position}]: {problem}"
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or any(not isinstance(t, dict) or
+                                                                  not isinstance(t.get("type"), str) for t in tools)):
+        return "'tools' must be a list of tool objects, each with a 'type'"
+    for position, tool in enumerate(tools or []):
+        if tool.get("type") == "function" and not isinstance(tool.get("name"), str):
+            return f"tools[{position}]: a function tool needs a 'name' string"
+    choice = body.get("tool_choice")
+    if choice is not None and not isinstance(choice, (str, dict)):
+        return "'tool_choice' must be a string or an object"
+    for key in ("stream", "store", "parallel_tool_calls"):
+        if key in body and body[key] is not None and not isinstance(body[key], bool):
+            return f"'{key}' must be true or false"
+    for key in ("previous_response_id", "instructions", "model"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            return f"'{key}' must be a string"
+    return None
+
+
+def _check_item(item: Any) -> str | None:
+    if not isinstance(item, dict):
+        return "each item must be an object"
+    kind = item.get("type", "message")
+    if not isinstance(kind, str):
+        return "an item's 'type' must be a string"
+    if kind == "message":
+        if item.get("role") not in (*INPUT_ROLES, "assistant"):
+            return "a message needs a 'role': user, system, developer or assistant"
+        if not isinstance(item.get("content"), (str, list)):
+            return "a message's 'content' must be a string or a list of parts"
+        return None
+    for key in REQUIRED.get(kind, ()):
+        if not isinstance(item.get(key), str):
+            return f"a {kind} item needs a '{key}' string"
+    if kind == "function_call" and not isinstance(item.get("arguments", ""), str):
+        return "a function_call's 'arguments' must be a JSON string"
+    return None
