@@ -229,3 +229,21 @@ def test_a_model_endpoint_toolkeeper_does_not_speak_is_logged_and_counted(script
     assert 'toolkeeper_unspoken_requests_total{path="/v1/completions"} 2' in metrics
     log = tk.process.stderr()
     assert log.count("/v1/completions is passed through untouched") == 1
+
+
+@pytest.mark.parametrize("form", ["reference", "stripped"])
+def test_history_resent_as_references_or_without_ids_is_recognised(scripted, tk, form):
+    """The Vercel AI SDK sends what it received as item_reference; pydantic-ai strips the ids."""
+    scripted.script({"tool_calls": [call("lookup", {"word": form})]}, {"content": f"about {form}"})
+    client = tk.client()
+    first = [{"role": "user", "content": question()}]
+    response = client.responses.create(model="m", input=first)
+    (message,) = response.output
+    resent = ({"type": "item_reference", "id": message.id} if form == "reference"
+              else {"role": "assistant", "content": response.output_text})
+    scripted.script({"content": "more"})
+    client.responses.create(model="m", input=[*first, resent, {"role": "user", "content": "more please"}])
+    sent = scripted.bodies()[0]["input"]
+    kinds = [(i.get("type", "message"), i.get("role")) for i in sent]
+    assert kinds == [("message", "user"), ("function_call", None), ("function_call_output", None),
+                     ("message", "assistant"), ("message", "user")]

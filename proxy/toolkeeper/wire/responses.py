@@ -65,18 +65,21 @@ class ResponsesAPI(AgentAPI):
             return bad_request(problem)
         context = self.context(request, raw)
         body = self._follow_link(context.tenant, body)
-        neutral = {"messages": messages_from_input(body["input"]),
+        neutral = {"messages": messages_from_input(body["input"], self._referenced(context.tenant, body["input"])),
                    **{key: body[key] for key in ENGINE_KEYS if key in body}}
         model = ResponsesModel(self.upstream, request.headers, body, self.engine.hidden_names(neutral))
         events = self.engine.run(neutral, model, context)
         if body.get("stream"):
             writer = ResponsesWriter(request, model, self.keepalive)
             response = await writer.relay(events)
-            result = writer.result
+            result, shown = writer.result, writer.output
         else:
             response, result = await self._whole(model, events)
+            shown = model.visible_output
         if result is not None:
             self._link(context.tenant, model, result)
+            if result.exchange and body.get("store") is not False:
+                self._remember_items(context.tenant, shown)
         return response
 
     async def _whole(self, model: ResponsesModel, events: AsyncIterator[Any]) -> tuple[web.StreamResponse,
@@ -110,6 +113,19 @@ class ResponsesAPI(AgentAPI):
             return body
         given = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
         return {**body, "previous_response_id": link["last"], "input": [*link["owed"], *given]}
+
+    def _referenced(self, tenant: str, given: Any) -> dict[str, dict[str, Any]]:
+        """The items the agent's `item_reference`s stand for, among those toolkeeper handed it."""
+        ids = [i.get("id") for i in given if i.get("type") == "item_reference"] if isinstance(given, list) else []
+        found = {item_id: self.store.get_link(digest(tenant, "item", item_id)) for item_id in ids}
+        return {item_id: item for item_id, item in found.items() if item}
+
+    def _remember_items(self, tenant: str, output: list[dict[str, Any]]) -> None:
+        """After a turn with hidden rounds, what the agent saw, by item id: clients that keep `store: true`
+        send it back as references (the Vercel AI SDK), and the history must still recognise it."""
+        for item in output:
+            if isinstance(item.get("id"), str):
+                self.store.put_link(digest(tenant, "item", item["id"]), item, LINK_TTL)
 
     def _link(self, tenant: str, model: ResponsesModel, result: TurnResult) -> None:
         # after a mixed round, the results of its declared calls go upstream with the agent's own

@@ -34,8 +34,9 @@ REQUIRED = {"function_call": ("call_id", "name"), "function_call_output": ("call
             "item_reference": ("id",), "reasoning": ()}
 
 
-def messages_from_input(value: Any) -> list[dict[str, Any]]:
-    """The agent's `input` (a string, or items) as neutral messages."""
+def messages_from_input(value: Any, known: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The agent's `input` (a string, or items) as neutral messages; `known`: the items an `item_reference`
+    may stand for (the ones toolkeeper handed out), read for what they say while the reference is kept."""
     if isinstance(value, str):
         return [{"role": "user", "content": value, ITEMS: [{"role": "user", "content": value}]}]
     messages: list[dict[str, Any]] = []
@@ -50,17 +51,18 @@ def messages_from_input(value: Any) -> list[dict[str, Any]]:
         else:  # what a response produced: grouped while they follow each other
             if not messages or messages[-1]["role"] != "assistant":
                 messages.append({"role": "assistant", "content": None, ITEMS: []})
-            _join(messages[-1], item)
+            said = (known or {}).get(item.get("id")) if kind == "item_reference" else item
+            _join(messages[-1], item, said or item)
     return messages
 
 
-def _join(message: dict[str, Any], item: dict[str, Any]) -> None:
+def _join(message: dict[str, Any], item: dict[str, Any], said: dict[str, Any]) -> None:
     message[ITEMS].append(item)
-    text = item_text(item)
+    text = item_text(said)
     if text:
         message["content"] = (message["content"] or "") + text
-    if item.get("type") in CALL_TYPES:
-        message.setdefault("tool_calls", []).append(call_entry(item))
+    if said.get("type") in CALL_TYPES:
+        message.setdefault("tool_calls", []).append(call_entry(said))
 
 
 def item_text(item: dict[str, Any]) -> str:
