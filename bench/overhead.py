@@ -12,8 +12,13 @@ model calls one declared tool (`/bin/true`), and the script prints:
 - for (b), what the declared round adds beyond the command's own run time
   and the second model round: toolkeeper(b) - toolkeeper(a) - direct - /bin/true.
 
+(c) runs the same turn as (a) over the Responses API (`/v1/responses`), and
+prints toolkeeper's CPU per request against its Chat Completions one.
+
 Targets (issue 2): (a) throughput >= 0.8x the floor's and added p50 <= 0.4 ms at
-concurrency 1; (b) the declared round adds <= 2 ms beyond the command's run.
+concurrency 1; (b) the declared round adds <= 2 ms beyond the command's run;
+(c) a Responses turn with no declared call costs within 10% of a Chat
+Completions one.
 
     python bench/overhead.py            # the full run (about a minute)
     python bench/overhead.py --quick    # a smoke run
@@ -77,6 +82,45 @@ CALLS = {"call": _call("noop", "{}"), "wasm": _call("word_count", '{"text": "the
          "argv": _call("word_count_argv", '{"text": "the quick brown fox"}')}
 
 
+def _responses_events() -> tuple[bytes, bytes]:
+    """The same answer over the Responses API: whole, and streamed event by event as OpenAI sends it."""
+    message = {"id": "msg_bench", "type": "message", "role": "assistant", "status": "completed",
+               "content": [{"type": "output_text", "text": TEXT, "annotations": [], "logprobs": []}]}
+    usage = {"input_tokens": 20, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 12,
+             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 32}
+    head = {"id": "resp_bench", "object": "response", "created_at": 1700000000, "status": "in_progress",
+            "model": "bench", "output": [], "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "usage": None}
+    final = {**head, "status": "completed", "output": [message], "usage": usage}
+    at = {"item_id": "msg_bench", "output_index": 0, "content_index": 0}
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    events = [{"type": "response.created", "response": head}, {"type": "response.in_progress", "response": head},
+              {"type": "response.output_item.added", "output_index": 0,
+               "item": {**message, "status": "in_progress", "content": []}},
+              {"type": "response.content_part.added", **at, "part": part},
+              *({"type": "response.output_text.delta", **at, "delta": w + " ", "logprobs": []} for w in TEXT.split()),
+              {"type": "response.output_text.done", **at, "text": TEXT, "logprobs": []},
+              {"type": "response.content_part.done", **at, "part": {**part, "text": TEXT}},
+              {"type": "response.output_item.done", "output_index": 0, "item": message},
+              {"type": "response.completed", "response": final}]
+    streamed = b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps({**e, "sequence_number": n})
+                        + b"\n\n" for n, e in enumerate(events))
+    return orjson.dumps(final), streamed
+
+
+RESPONSES_WHOLE, RESPONSES_SSE = _responses_events()
+
+
+async def mock_responses(request: web.Request) -> web.StreamResponse:
+    body = orjson.loads(await request.read())
+    if not body.get("stream"):
+        return web.Response(body=RESPONSES_WHOLE, content_type="application/json")
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write_eof(RESPONSES_SSE)
+    return response
+
+
 async def mock_chat(request: web.Request) -> web.StreamResponse:
     body = orjson.loads(await request.read())
     last = body["messages"][-1]
@@ -94,6 +138,7 @@ async def mock_chat(request: web.Request) -> web.StreamResponse:
 def serve_mock(port: int) -> None:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", mock_chat)
+    app.router.add_post("/v1/responses", mock_responses)
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
@@ -150,21 +195,23 @@ async def wait_ready(url: str) -> None:
     raise RuntimeError(f"{url} did not start")
 
 
-async def measure(url: str, body: dict, concurrency: int, total: int, pid: int | None) -> dict:
+async def measure(url: str, body: dict, concurrency: int, total: int, pid: int | None,
+                  path: str = "/chat/completions") -> dict:
     """Each request differs by a counter: identical ones would be taken for retries and replayed."""
     latencies: list[float] = []
     counter = iter(range(10**9))
+    key = "messages" if "messages" in body else "input"
 
     def encoded() -> bytes:
-        messages = [*body["messages"][:-1], {**body["messages"][-1],
-                                              "content": f"{body['messages'][-1]['content']} #{next(counter)}"}]
-        return orjson.dumps({**body, "messages": messages})
+        last = body[key][-1]
+        conversation = [*body[key][:-1], {**last, "content": f"{last['content']} #{next(counter)}"}]
+        return orjson.dumps({**body, key: conversation})
 
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         async def one() -> None:
             started = time.perf_counter()
-            async with session.post(url + "/chat/completions", data=encoded(),
+            async with session.post(url + path, data=encoded(),
                                     headers={"Content-Type": "application/json"}) as response:
                 await response.read()
                 if response.status != 200:
@@ -254,6 +301,7 @@ async def run(quick: bool) -> int:
                 name = f"(b) one declared call{' SSE' if stream else ''}"
                 print(f"{name:<26}{concurrency:>5}{b['p50'] * 1e3:>11.3f}{a['p50'] * 1e3:>11.3f}"
                       f"{direct['p50'] * 1e3:>9.3f}{added * 1e3:>9.3f}{b['rps']:>10.0f}")
+        await responses_cases(urls, pids, sizes, results)
     except Exception as exc:  # a broken run must say so, not print half a table
         print(f"benchmark failed: {exc}", file=sys.stderr)
         failed = True
@@ -263,6 +311,21 @@ async def run(quick: bool) -> int:
         for process in processes:
             process.wait(10)
     return 1 if failed else 0
+
+
+async def responses_cases(urls: dict, pids: dict, sizes: dict, chat: dict) -> None:
+    """(c) the same turn over the Responses API: toolkeeper's cost against its Chat Completions one."""
+    print(f"\n{'case':<26}{'conc':>5}{'direct p50':>11}{'tk +p50':>9}{'tk rps':>8}{'tk cpu':>8}"
+          f"{'chat cpu':>9}{'resp/chat':>10}")
+    for stream in (False, True):
+        body = {"model": "b", "input": [{"role": "user", "content": MESSAGES[0]["content"]}], "stream": stream}
+        for concurrency, total in sizes.items():
+            d = await measure(urls["direct"], body, concurrency, total, None, "/responses")
+            t = await measure(urls["toolkeeper"], body, concurrency, total, pids["toolkeeper"], "/responses")
+            c = chat[(stream, concurrency)]["toolkeeper"]
+            name = f"(c) Responses, no call{' SSE' if stream else ''}"
+            print(f"{name:<26}{concurrency:>5}{d['p50'] * 1e3:>11.3f}{(t['p50'] - d['p50']) * 1e3:>9.3f}"
+                  f"{t['rps']:>8.0f}{t['cpu_us']:>6.0f}µs{c['cpu_us']:>7.0f}µs{t['cpu_us'] / c['cpu_us']:>10.2f}")
 
 
 def main() -> int:
