@@ -1,4 +1,4 @@
-"""Protocol conformance: golden transcripts for OpenAI, vLLM, llama.cpp and Ollama shapes.
+"""Protocol conformance: golden transcripts for OpenAI, vLLM, llama.cpp and Ollama shapes, and the Responses API.
 
 For each plain, declared-only, mixed and multi-round turn: the exact SSE bytes
 the agent receives, every request sent upstream, and the exact upstream
@@ -15,6 +15,7 @@ import pytest
 from conftest import check_every_call_answered, start_toolkeeper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "conformance"))
+import responses_cases
 from cases import WEATHER, cases, golden_path, reassemble, run_case, sse_chunks
 
 
@@ -58,6 +59,28 @@ def test_transcript_matches_the_golden_one(scripted, conformance_tk, shape, kind
         assert body["tools"][0] == WEATHER
 
 
+@pytest.mark.parametrize("kind", responses_cases.cases())
+def test_responses_transcript_matches_the_golden_one(scripted, conformance_tk, kind):
+    golden = json.loads(responses_cases.golden_path(kind).read_text())
+    transcript = json.loads(json.dumps(responses_cases.run_case(kind, conformance_tk.url, scripted)))
+
+    assert transcript["turn1"]["agent_sse"] == golden["turn1"]["agent_sse"]  # byte for byte
+    assert transcript["turn1"]["upstream"] == golden["turn1"]["upstream"]
+    assert transcript["turn2"]["upstream_input"] == golden["turn2"]["upstream_input"]
+    events = responses_cases.sse_events(golden["turn1"]["agent_sse"].encode())
+    # nothing of a declared call reaches the agent; one response, numbered without gaps
+    assert '"lookup"' not in golden["turn1"]["agent_sse"] and "call_l1" not in golden["turn1"]["agent_sse"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+    assert len({e["response"]["id"] for e in events if "response" in e}) == 1
+    added = [e["output_index"] for e in events if e["type"] == "response.output_item.added"]
+    assert added == list(range(len(added)))
+    assert transcript["turn1"]["agent_response"] == golden["turn1"]["agent_response"]
+    assert [i.get("call_id") for i in golden["turn1"]["agent_response"]["output"] if i.get("call_id")] == (
+        ["call_w1"] if kind == "mixed" else [])
+
+
 def test_every_golden_file_is_a_case():
     expected = {golden_path(shape, kind).name for shape, kind in cases()}
+    expected |= {responses_cases.golden_path(kind).name for kind in responses_cases.cases()}
     assert {p.name for p in golden_path("x", "y").parent.glob("*.json")} == expected

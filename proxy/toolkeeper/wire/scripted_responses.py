@@ -58,25 +58,26 @@ class ResponsesScript:
 
     def answer(self, step: dict[str, Any], body: dict[str, Any], context: list[dict[str, Any]]) -> dict[str, Any]:
         number = next(self._ids)
+        response_id = step.get("id", f"resp_scripted{number}")  # a step may fix its ids, for golden transcripts
+        tag = response_id.removeprefix("resp_scripted").removeprefix("resp_")
         output: list[dict[str, Any]] = []
         if step.get("reasoning"):
-            output.append({"id": f"rs_{number}", "type": "reasoning",
+            output.append({"id": f"rs_{tag}", "type": "reasoning",
                            "summary": [{"type": "summary_text", "text": step["reasoning"]}],
-                           "encrypted_content": f"gAAAA-scripted-{number}"})
+                           "encrypted_content": f"gAAAA-scripted-{tag}"})
         content = _fill(step.get("content"), context)
         if content:
-            output.append({"id": f"msg_{number}", "type": "message", "role": "assistant", "status": "completed",
+            output.append({"id": f"msg_{tag}", "type": "message", "role": "assistant", "status": "completed",
                            "content": [{"type": "output_text", "text": content, "annotations": [], "logprobs": []}]})
         for position, call in enumerate(step.get("tool_calls") or []):
             arguments = call.get("arguments", {})
-            output.append({"id": f"fc_{number}_{position}", "type": "function_call", "status": "completed",
-                           "call_id": call.get("id", f"call_{number}_{position}"), "name": call["name"],
+            output.append({"id": f"fc_{tag}_{position}", "type": "function_call", "status": "completed",
+                           "call_id": call.get("id", f"call_{tag}_{position}"), "name": call["name"],
                            "arguments": arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()})
-        response_id = f"resp_scripted{number}"
         usage = step.get("usage") or {"input_tokens": 10 * len(context), "output_tokens": 5 + 7 * len(output)}
         usage = {"input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0},
                  **usage, "total_tokens": usage["input_tokens"] + usage["output_tokens"]}
-        response = {"id": response_id, "object": "response", "created_at": int(time.time()),
+        response = {"id": response_id, "object": "response", "created_at": step.get("created", int(time.time())),
                     "status": step.get("status", "completed"), "error": None, "incomplete_details": None,
                     "model": body.get("model") or "scripted-model", "output": output,
                     "parallel_tool_calls": body.get("parallel_tool_calls", True),
