@@ -247,3 +247,24 @@ def test_history_resent_as_references_or_without_ids_is_recognised(scripted, tk,
     kinds = [(i.get("type", "message"), i.get("role")) for i in sent]
     assert kinds == [("message", "user"), ("function_call", None), ("function_call_output", None),
                      ("message", "assistant"), ("message", "user")]
+
+
+@pytest.mark.parametrize("broken", ["cut", "malformed"])
+def test_a_broken_upstream_stream_is_a_response_failed_or_a_502(scripted, tk, broken):
+    from test_hardening import post
+
+    created = {"type": "response.created", "sequence_number": 0, "response": {
+        "id": "resp_b", "object": "response", "status": "in_progress", "output": [], "model": "m", "created_at": 1}}
+    added = {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
+             "item": {"id": "msg_b", "type": "message", "role": "assistant", "status": "in_progress", "content": []}}
+    tail = "" if broken == "cut" else "event: x\ndata: {not json\n\n"
+    raw = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in (created, added)) + tail
+    for stream in (True, False):
+        scripted.script({"raw": raw, "content_type": "text/event-stream"})
+        body = {"model": "m", "input": question(), "stream": stream}
+        response, data = post(tk, "/v1/responses", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        if stream and response.status == 200:  # the agent read the start: the response ends failed, its shape
+            last = json.loads(data.decode().rstrip().rsplit("data: ", 1)[1])
+            assert last["type"] == "response.failed" and last["response"]["error"]["code"] == "upstream_malformed"
+        else:  # nothing sent yet (the broken part came in the same read): the error keeps its status
+            assert response.status == 502 and json.loads(data)["error"]["code"] == "upstream_malformed"
