@@ -337,3 +337,26 @@ def test_an_always_grant_is_for_one_agent_recorded_listed_and_revocable(scripted
     (asked,) = waiting(tkg)  # asked again once revoked
     cli(tkg, "deny", asked)
     assert revoked.result().startswith("Not run")
+
+
+def test_an_approval_wait_over_the_responses_api_keeps_the_agent_alive(scripted, tka):
+    scripted.add({"when": "responses-wait", "tool_calls": [call("release", {"version": "7.0.0"})]},
+                 {"when": "responses-wait", "content": "{tool_result}"})
+    client = tka.client()
+    chunks: list[bytes] = []
+
+    def ask() -> None:
+        with client.responses.with_streaming_response.create(model="m", input="responses-wait", stream=True) as r:
+            chunks.append(r.read())
+
+    worker = threading.Thread(target=ask)
+    worker.start()
+    (approval,) = waiting(tka)
+    time.sleep(0.5)  # a few keep-alives while it waits
+    assert cli(tka, "approve", approval).returncode == 0
+    worker.join(30)
+    text = chunks[0].decode()
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    assert ": keep-alive" in text and events[-1]["type"] == "response.completed"
+    assert not any((e.get("item") or {}).get("type") == "function_call" for e in events)
+    assert tka.calls() == [["release", "7.0.0"]]

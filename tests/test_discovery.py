@@ -101,3 +101,18 @@ def test_a_tool_found_in_an_earlier_turn_is_offered_at_once(scripted, tkd):
     tkd.client().chat.completions.create(model="m", messages=history)
     assert "export_table" in names(scripted.bodies()[0])
     assert tkd.calls() == [["export_table", "y"]]
+
+
+def test_discovery_over_the_responses_api(scripted, tkd):
+    """The same search, budget and offer when the agent speaks the Responses API."""
+    scripted.script({"tool_calls": [call("search_tools", {"query": "export a table as csv"})]},
+                    {"tool_calls": [call("export_table", {"table": "users"})]},
+                    {"content": "Exported."})
+    response = tkd.client().responses.create(model="m", input=user()[0]["content"])
+    assert response.output_text == "Exported."
+    assert [item.type for item in response.output] == ["message"]
+    first, second, _ = scripted.bodies()
+    offered = [[t["name"] for t in body["tools"]] for body in (first, second)]
+    assert "export_table" not in offered[0] and "search_tools" in offered[0]
+    assert "export_table" in offered[1]  # found, and offered from the very next round
+    assert tkd.calls() == [["export_table", "users"]]
