@@ -40,7 +40,7 @@ from toolkeeper.wire.responses_items import (
     visible_items,
 )
 from toolkeeper.wire.responses_stream import ResponsesReader, UpstreamFailed
-from toolkeeper.wire.responses_writer import ResponsesWriter, final_response
+from toolkeeper.wire.responses_writer import RAW, ResponsesWriter, final_response
 from toolkeeper.wire.sse import EventSplitter, EventTooLarge
 from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, UpstreamError, forward_headers, read_whole
 
@@ -262,7 +262,8 @@ class ResponsesModel:
 
 
 def _event(data: bytes) -> dict[str, Any]:
-    """One SSE event's JSON (its `data:` lines; the `event:` line repeats the type)."""
+    """One SSE event's JSON (its `data:` lines; the `event:` line repeats the type), with its bytes (`RAW`):
+    an event the writer need not renumber goes to the agent as the server wrote it."""
     lines = [line[5:].lstrip() for line in data.split(b"\n") if line.startswith(b"data:")]
     try:
         event = orjson.loads(b"\n".join(lines))
@@ -270,6 +271,7 @@ def _event(data: bytes) -> dict[str, Any]:
         raise MalformedResponse(f"a stream event that is not JSON ({exc})") from exc
     if not isinstance(event, dict):
         raise MalformedResponse("a stream event that is not an object")
+    event[RAW] = data
     return event
 
 

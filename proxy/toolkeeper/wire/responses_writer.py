@@ -27,6 +27,8 @@ from toolkeeper.wire.upstream import UpstreamError
 
 log = logging.getLogger("toolkeeper")
 
+RAW = "_raw"  # an upstream event's own bytes, kept beside its parsed fields
+
 
 class ResponsesModel(Protocol):
     """What the writer reads of the adapter's model (responses.py)."""
@@ -109,12 +111,17 @@ class ResponsesWriter:
         if self.sequence == 0 and self.model.first is not None:
             parts += [self._lifecycle("response.created"), self._lifecycle("response.in_progress")]
         for round_number, event in self.model.take():
+            raw = event.pop(RAW, None)
             index = event.get("output_index")
-            if isinstance(index, int):
-                event = {**event, "output_index": self.indexes.setdefault((round_number, index), len(self.indexes))}
+            mapped = self.indexes.setdefault((round_number, index), len(self.indexes)) if isinstance(index, int) \
+                else index
             if event["type"] == "response.output_item.done":
                 self.output.append(event["item"])
-            parts.append(self._event(event))
+            if raw is not None and mapped == index and event.get("sequence_number") == self.sequence:
+                self.sequence += 1  # nothing to renumber: the server's own bytes
+                parts.append(raw + b"\n\n")
+            else:
+                parts.append(self._event({**event, "output_index": mapped} if isinstance(index, int) else event))
         if parts:
             await self._write(b"".join(parts))
 
