@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from toolkeeper.engine import Engine, TurnContext
+from toolkeeper.engine import Engine, Event, TurnContext, TurnResult, Visible, Working
 from toolkeeper.metrics import Metrics
 from toolkeeper.wire.guard import AGENT_NAME, is_json
 from toolkeeper.wire.upstream import Upstream, UpstreamError, error_body
+
+log = logging.getLogger("toolkeeper")
 
 KEEPALIVE = b": keep-alive\n\n"
 
@@ -86,8 +89,95 @@ class AgentAPI:
         )
 
 
-async def keep_alive(every: float, write: Callable[[bytes], Awaitable[None]]) -> None:
-    """SSE comments while a declared call is decided or run: the agent's connection stays open."""
+async def keep_alive(every: float, write: Callable[[bytes], Awaitable[None]], data: bytes = KEEPALIVE) -> None:
+    """SSE comments (or the API's own ping) while a declared call is decided or run: the connection stays open."""
     while True:
         await asyncio.sleep(every)
-        await write(KEEPALIVE)
+        await write(data)
+
+
+async def whole_turn(events: AsyncIterator[Event], error: Callable[[UpstreamError], web.Response] = error_response,
+                     ) -> TurnResult | web.Response:
+    """A turn that is not streamed: its result, or the error answer (in the API's shape, never a bare 500)."""
+    result = None
+    try:
+        async for event in events:
+            if isinstance(event, TurnResult):
+                result = event
+    except UpstreamError as exc:
+        return error(exc)
+    except Exception as exc:  # a bug of ours: still an answer in the API's shape
+        log.error("turn failed", exc_info=exc)
+        return error(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error"))
+    if result is None:
+        raise RuntimeError("the engine ended a turn without a result")
+    return result
+
+
+class TurnWriter:
+    """One streamed turn, relayed to the agent: an adapter's writer says what each event becomes.
+
+    The engine runs in this handler's task: when the agent goes away, aiohttp
+    cancels the handler, and the cancellation reaches the running tool, whose
+    process group is killed. Keep-alives come from a timer task that lives only
+    while a declared call is decided or run.
+    """
+
+    keepalive_data = KEEPALIVE
+
+    def __init__(self, request: web.Request, keepalive: float):
+        self.request = request
+        self.keepalive = keepalive
+        self.response: web.StreamResponse | None = None
+
+    async def relay(self, events: AsyncIterator[Event]) -> web.StreamResponse:
+        keepalive: asyncio.Task[None] | None = None
+        try:
+            async for event in events:
+                if isinstance(event, Working):
+                    await self.working()
+                    keepalive = keepalive or asyncio.create_task(
+                        keep_alive(self.keepalive, self.write, self.keepalive_data))
+                    continue
+                if keepalive is not None:
+                    keepalive.cancel()
+                    await asyncio.gather(keepalive, return_exceptions=True)
+                    keepalive = None
+                if isinstance(event, Visible):
+                    await self.visible(event)
+                elif isinstance(event, TurnResult):
+                    await self.finish(event)
+        except UpstreamError as exc:
+            return await self.fail(exc)
+        except Exception as exc:
+            log.error("turn failed", exc_info=exc)
+            return await self.fail(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error"))
+        finally:
+            if keepalive is not None:
+                keepalive.cancel()
+        if self.response is None:
+            raise RuntimeError("the engine ended a turn without a result")
+        return self.response
+
+    async def prepared(self) -> web.StreamResponse:
+        if self.response is None:
+            self.response = web.StreamResponse(headers={
+                "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        await self.response.prepare(self.request)  # returns at once once prepared
+        return self.response
+
+    async def write(self, data: bytes) -> None:
+        response = await self.prepared()
+        await response.write(data)
+
+    async def working(self) -> None:
+        """A declared call is about to be decided or run."""
+
+    async def visible(self, event: Visible) -> None:
+        raise NotImplementedError
+
+    async def finish(self, result: TurnResult) -> None:
+        raise NotImplementedError
+
+    async def fail(self, error: UpstreamError) -> web.StreamResponse:
+        raise NotImplementedError

@@ -12,8 +12,6 @@ event and a clean close.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -23,12 +21,10 @@ import orjson
 from aiohttp import web
 
 from toolkeeper.common import dumps
-from toolkeeper.engine import Event, TurnResult, Visible, Working
-from toolkeeper.wire.agentapi import AgentAPI, bad_request, error_response, keep_alive
+from toolkeeper.engine import Event, TurnResult, Visible
+from toolkeeper.wire.agentapi import AgentAPI, TurnWriter, bad_request, error_response, whole_turn
 from toolkeeper.wire.chat_stream import of_json_type
 from toolkeeper.wire.upstream import UpstreamError
-
-log = logging.getLogger("toolkeeper")
 
 DONE = b"data: [DONE]\n\n"
 
@@ -117,18 +113,9 @@ class ChatCompletions(AgentAPI):
         return await self._whole(body, events)
 
     async def _whole(self, body: dict[str, Any], events: AsyncIterator[Event]) -> web.StreamResponse:
-        result = None
-        try:
-            async for event in events:
-                if isinstance(event, TurnResult):
-                    result = event
-        except UpstreamError as exc:
-            return error_response(exc)
-        except Exception as exc:  # a bug of ours: still an answer in the API's shape, never a bare 500 page
-            log.error("turn failed", exc_info=exc)
-            return error_response(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error"))
-        if result is None:
-            raise RuntimeError("the engine ended a turn without a result")
+        result = await whole_turn(events)
+        if isinstance(result, web.Response):
+            return result
         if result.passthrough:
             return web.Response(body=result.last.raw, content_type="application/json")
         return web.Response(body=dumps(whole_response(result, body)), content_type="application/json")
@@ -165,61 +152,20 @@ def whole_response(result: TurnResult, request: dict[str, Any]) -> dict[str, Any
     return response
 
 
-class StreamWriter:
+class StreamWriter(TurnWriter):
     """Relays one turn to a streaming agent as Chat Completions SSE."""
 
     def __init__(self, request: web.Request, body: dict[str, Any], keepalive: float):
-        self.request = request
+        super().__init__(request, keepalive)
         self.body = body
-        self.keepalive = keepalive
         self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        self.response: web.StreamResponse | None = None
         self.head: dict[str, Any] | None = None
         self.role_sent = False
         self._envelope: tuple[bytes, bytes] | None = None
 
-    async def relay(self, events: AsyncIterator[Event]) -> web.StreamResponse:
-        # The engine runs in this handler's task: when the agent goes away,
-        # aiohttp cancels the handler, and the cancellation reaches the running
-        # tool, whose process group is killed. Keep-alives come from a timer
-        # task that lives only while a declared call is decided or run.
-        keepalive: asyncio.Task[None] | None = None
-        try:
-            async for event in events:
-                if isinstance(event, Working):
-                    keepalive = keepalive or asyncio.create_task(keep_alive(self.keepalive, self._write))
-                    continue
-                if keepalive is not None:
-                    keepalive.cancel()
-                    await asyncio.gather(keepalive, return_exceptions=True)
-                    keepalive = None
-                if isinstance(event, Visible):
-                    self.head = self.head or _head(event.head, self.body)
-                    await self._write(b"".join(self._chunk(delta) for delta in event.deltas))
-                elif isinstance(event, TurnResult):
-                    await self._finish(event)
-        except UpstreamError as exc:
-            return await self._fail(exc)
-        except Exception as exc:
-            log.error("turn failed", exc_info=exc)
-            return await self._fail(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error"))
-        finally:
-            if keepalive is not None:
-                keepalive.cancel()
-        if self.response is None:
-            raise RuntimeError("the engine ended a turn without a result")
-        return self.response
-
-    async def _prepared(self) -> web.StreamResponse:
-        if self.response is None:
-            self.response = web.StreamResponse(headers={
-                "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        await self.response.prepare(self.request)  # returns at once once prepared
-        return self.response
-
-    async def _write(self, data: bytes) -> None:
-        response = await self._prepared()
-        await response.write(data)
+    async def visible(self, event: Visible) -> None:
+        self.head = self.head or _head(event.head, self.body)
+        await self.write(b"".join(self._chunk(delta) for delta in event.deltas))
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         if not self.role_sent:
@@ -239,7 +185,7 @@ class StreamWriter:
         finish = b"null" if finish_reason is None else orjson.dumps(finish_reason)
         return prefix + orjson.dumps(delta) + b',"logprobs":null,"finish_reason":' + finish + b"}]" + suffix
 
-    async def _finish(self, result: TurnResult) -> None:
+    async def finish(self, result: TurnResult) -> None:
         self.head = self.head or _head(result.head, self.body)
         parts = []
         for index, call in enumerate(result.tool_calls):
@@ -253,10 +199,10 @@ class StreamWriter:
             parts.append(b"data: " + orjson.dumps(usage) + b"\n\n")
         parts.append(DONE)
         # the end of the answer and the end of the body in one send: one wake-up less for the agent
-        response = await self._prepared()
+        response = await self.prepared()
         await response.write_eof(b"".join(parts))
 
-    async def _fail(self, error: UpstreamError) -> web.StreamResponse:
+    async def fail(self, error: UpstreamError) -> web.StreamResponse:
         if self.response is None:
             return error_response(error)
         await self.response.write_eof(b"data: " + orjson.dumps({"error": error.error_object()}) + b"\n\n")

@@ -17,7 +17,6 @@ History, both ways the API keeps it:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -27,7 +26,7 @@ from aiohttp import web
 
 from toolkeeper.common import digest, dumps
 from toolkeeper.engine import Round, Store, TurnResult, Visible
-from toolkeeper.wire.agentapi import AgentAPI, bad_request, error_response
+from toolkeeper.wire.agentapi import AgentAPI, bad_request, whole_turn
 from toolkeeper.wire.chat_stream import MalformedResponse
 from toolkeeper.wire.responses_items import (
     ITEMS,
@@ -43,8 +42,6 @@ from toolkeeper.wire.responses_stream import ResponsesReader, UpstreamFailed
 from toolkeeper.wire.responses_writer import RAW, ResponsesWriter, final_response
 from toolkeeper.wire.sse import EventSplitter, EventTooLarge
 from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, UpstreamError, forward_headers, read_whole
-
-log = logging.getLogger("toolkeeper")
 
 # What the engine reads of a request; the rest of the agent's body goes upstream as it came.
 ENGINE_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
@@ -84,18 +81,9 @@ class ResponsesAPI(AgentAPI):
 
     async def _whole(self, model: ResponsesModel, events: AsyncIterator[Any]) -> tuple[web.StreamResponse,
                                                                                        TurnResult | None]:
-        result = None
-        try:
-            async for event in events:
-                if isinstance(event, TurnResult):
-                    result = event
-        except UpstreamError as exc:
-            return error_response(exc), None
-        except Exception as exc:  # a bug of ours: still an answer in the API's shape
-            log.error("turn failed", exc_info=exc)
-            return error_response(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error")), None
-        if result is None:
-            raise RuntimeError("the engine ended a turn without a result")
+        result = await whole_turn(events)
+        if isinstance(result, web.Response):
+            return result, None
         if result.passthrough and not model.hidden:  # no declared tool offered: the server's bytes as they are
             return web.Response(body=result.last.raw, content_type="application/json"), result
         output = model.visible_output + ([said_item(result.said)] if result.said else [])

@@ -11,21 +11,16 @@ An upstream failure after the first byte is a `response.failed`.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
-from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
-from toolkeeper.engine import Event, TurnResult, Visible, Working
-from toolkeeper.wire.agentapi import error_response, keep_alive
+from toolkeeper.engine import TurnResult, Visible
+from toolkeeper.wire.agentapi import TurnWriter, error_response
 from toolkeeper.wire.responses_items import said_item
 from toolkeeper.wire.upstream import UpstreamError
-
-log = logging.getLogger("toolkeeper")
 
 RAW = "_raw"  # an upstream event's own bytes, kept beside its parsed fields
 
@@ -50,51 +45,20 @@ def final_response(model: ResponsesModel, result: TurnResult, output: list[dict[
                         "status": status, "output": output, "usage": result.usage})
 
 
-class ResponsesWriter:
+class ResponsesWriter(TurnWriter):
     def __init__(self, request: web.Request, model: ResponsesModel, keepalive: float):
-        self.request = request
+        super().__init__(request, keepalive)
         self.model = model
-        self.keepalive = keepalive
-        self.response: web.StreamResponse | None = None
         self.result: TurnResult | None = None
         self.sequence = 0
         self.indexes: dict[tuple[int, int], int] = {}  # (round, upstream output_index) -> the agent's
         self.output: list[dict[str, Any]] = []
 
-    async def relay(self, events: AsyncIterator[Event]) -> web.StreamResponse:
-        keepalive: asyncio.Task[None] | None = None
-        try:
-            async for event in events:
-                if isinstance(event, Working):
-                    await self._flush()  # what the round showed goes out before the tool runs
-                    keepalive = keepalive or asyncio.create_task(keep_alive(self.keepalive, self._write))
-                    continue
-                if keepalive is not None:
-                    keepalive.cancel()
-                    await asyncio.gather(keepalive, return_exceptions=True)
-                    keepalive = None
-                if isinstance(event, Visible):
-                    await self._flush()
-                elif isinstance(event, TurnResult):
-                    await self._finish(event)
-        except UpstreamError as exc:
-            return await self._fail(exc)
-        except Exception as exc:
-            log.error("turn failed", exc_info=exc)
-            return await self._fail(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error"))
-        finally:
-            if keepalive is not None:
-                keepalive.cancel()
-        if self.response is None:
-            raise RuntimeError("the engine ended a turn without a result")
-        return self.response
+    async def working(self) -> None:
+        await self._flush()  # what the round showed goes out before the tool runs
 
-    async def _write(self, data: bytes) -> None:
-        if self.response is None:
-            self.response = web.StreamResponse(headers={
-                "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        await self.response.prepare(self.request)
-        await self.response.write(data)
+    async def visible(self, event: Visible) -> None:
+        await self._flush()
 
     def _event(self, event: dict[str, Any]) -> bytes:
         event = {**event, "sequence_number": self.sequence}
@@ -123,9 +87,9 @@ class ResponsesWriter:
             else:
                 parts.append(self._event({**event, "output_index": mapped} if isinstance(index, int) else event))
         if parts:
-            await self._write(b"".join(parts))
+            await self.write(b"".join(parts))
 
-    async def _finish(self, result: TurnResult) -> None:
+    async def finish(self, result: TurnResult) -> None:
         self.result = result
         await self._flush()
         if result.said:
@@ -133,9 +97,8 @@ class ResponsesWriter:
         final = final_response(self.model, result, self.output)
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         ending = self._event({"type": kind, "response": final})
-        if self.response is None:
-            await self._write(b"")
-        await self.response.write_eof(ending)  # type: ignore[union-attr]
+        response = await self.prepared()
+        await response.write_eof(ending)
 
     async def _whole_item(self, item: dict[str, Any]) -> None:
         """An item of toolkeeper's own, in the events a streamed item has."""
@@ -153,9 +116,9 @@ class ResponsesWriter:
             {"type": "response.output_item.done", "output_index": index, "item": item},
         ]
         self.output.append(item)
-        await self._write(b"".join(self._event(event) for event in events))
+        await self.write(b"".join(self._event(event) for event in events))
 
-    async def _fail(self, error: UpstreamError) -> web.StreamResponse:
+    async def fail(self, error: UpstreamError) -> web.StreamResponse:
         if self.response is None:
             return error_response(error)
         body = error.error_object()
