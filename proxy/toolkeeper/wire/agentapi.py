@@ -65,14 +65,18 @@ class AgentAPI:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if not is_json(request.headers.get("Content-Type", "")):
             # a web page can post text/plain without asking first; an agent always sends JSON
-            return bad_request("the request body must be sent as Content-Type: application/json",
+            return self.refuse("the request body must be sent as Content-Type: application/json",
                                "unsupported_content_type", status=415)
         raw = await request.read()
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            return bad_request(f"the request body is not valid JSON: {exc}")
+            return self.refuse(f"the request body is not valid JSON: {exc}")
         return await self.answer(request, body, raw)
+
+    def refuse(self, message: str, code: str = "invalid_request", status: int = 400) -> web.Response:
+        """A request refused before the turn, in the API's error shape."""
+        return bad_request(message, code, status)
 
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
         raise NotImplementedError

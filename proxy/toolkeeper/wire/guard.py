@@ -90,11 +90,11 @@ def _own_page(origin: str, request: web.Request) -> bool:
 
 
 def presented_key(headers: Mapping[str, str]) -> str:
-    """The key an agent presents: `Authorization: Bearer`, or Azure's `api-key`."""
+    """The key an agent presents: `Authorization: Bearer`, Anthropic's `x-api-key`, or Azure's `api-key`."""
     header = headers.get("Authorization", "")
     if header[:7].lower() == "bearer ":
         return header[7:].strip()
-    return headers.get("api-key", "").strip()
+    return (headers.get("x-api-key") or headers.get("api-key") or "").strip()
 
 
 class AgentKeys:

@@ -42,6 +42,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from toolkeeper.wire.scripted_messages import MessagesScript
+from toolkeeper.wire.scripted_messages import check as check_messages
 from toolkeeper.wire.scripted_responses import Rejected, ResponsesScript
 
 MODEL = "scripted-model"
@@ -53,11 +55,14 @@ class ScriptedModel:
         self.requests: list[dict[str, Any]] = []
         self._ids = itertools.count(1)
         self.responses_script = ResponsesScript()
+        self.messages_script = MessagesScript()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/messages", self.messages)
+        app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_post("/_script", self.set_script)
@@ -127,6 +132,31 @@ class ScriptedModel:
                 "Content-Type": step.get("content_type", "application/json")})
         response = self.responses_script.answer(step, body, context)
         return await self.responses_script.reply(request, response, bool(body.get("stream")))
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        self.requests.append({"body": body, "headers": {str(k): v for k, v in request.headers.items()},
+                              "query": request.query_string})
+        try:
+            check_messages(body)
+        except Rejected as exc:
+            return web.json_response(exc.body, status=400)
+        step = self._next_step(body) if self.steps else {"status": 500}
+        if step.get("delay"):
+            await asyncio.sleep(step["delay"])
+        if "status" in step:
+            payload = step.get("body", {"type": "error", "error": {"type": "api_error", "message": "scripted"}})
+            return web.json_response(payload, status=step["status"])
+        if "raw" in step:
+            return web.Response(body=step["raw"].encode(), headers={
+                "Content-Type": step.get("content_type", "application/json")})
+        message = self.messages_script.answer(step, body)
+        return await self.messages_script.reply(request, message, bool(body.get("stream")))
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        return web.json_response({"input_tokens": 10 * len(body.get("messages") or []) + 100 * len(
+            body.get("tools") or []), "tools_seen": [t.get("name") for t in body.get("tools") or []]})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())

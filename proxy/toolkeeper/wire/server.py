@@ -13,8 +13,10 @@ import re
 from collections.abc import Callable
 
 import aiohttp
+import orjson
 from aiohttp import web
 
+from toolkeeper.common import dumps
 from toolkeeper.engine import Engine, Store
 from toolkeeper.metrics import Metrics
 from toolkeeper.settings import Settings
@@ -22,6 +24,7 @@ from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
 from toolkeeper.wire.agentapi import credentials_hash
 from toolkeeper.wire.chat import ChatCompletions
 from toolkeeper.wire.guard import AgentKeys, OriginGuard
+from toolkeeper.wire.messages import MessagesAPI, count_tokens_body
 from toolkeeper.wire.responses import ResponsesAPI
 from toolkeeper.wire.upstream import HOP_BY_HOP, Upstream, UpstreamError, forward_headers
 
@@ -30,10 +33,12 @@ log = logging.getLogger("toolkeeper")
 UPSTREAM_KEY = web.AppKey("upstream", Upstream)
 CHAT_KEY = web.AppKey("chat", ChatCompletions)
 RESPONSES_KEY = web.AppKey("responses", ResponsesAPI)
+MESSAGES_KEY = web.AppKey("messages", MessagesAPI)
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 RESPONSES_PATHS = ("/v1/responses", "/responses")
+MESSAGES_PATHS = ("/v1/messages", "/messages")
 # Model endpoints toolkeeper does not speak: passed through, but never silently (declared tools are not offered).
-UNSPOKEN = re.compile(r"^/(v1/)?(completions|messages|realtime|responses/compact|chat/completions/.+)$")
+UNSPOKEN = re.compile(r"^/(v1/)?(completions|realtime|responses/compact|chat/completions/.+|messages/batches)$")
 # Agents send whole conversations; the default 1 MiB would refuse long ones.
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
@@ -63,6 +68,7 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
                        "metrics": metrics}
             app[CHAT_KEY] = ChatCompletions(engine, upstream, **adapter)
             app[RESPONSES_KEY] = ResponsesAPI(engine, upstream, store=store, **adapter)
+            app[MESSAGES_KEY] = MessagesAPI(engine, upstream, **adapter)
             yield
 
     app.cleanup_ctx.append(upstream_session)
@@ -71,6 +77,9 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
     for path in RESPONSES_PATHS:
         app.router.add_post(path, responses)
         app.router.add_get(path + "/{id}", stored_response)
+    for path in MESSAGES_PATHS:
+        app.router.add_post(path, messages)
+        app.router.add_post(path + "/count_tokens", count_tokens)
     app.router.add_get("/healthz", probes.healthz)
     app.router.add_get("/metrics", probes.metrics_page)
     app.router.add_get("/readyz", probes.readyz)
@@ -86,6 +95,23 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
 async def responses(request: web.Request) -> web.StreamResponse:
     return await request.app[RESPONSES_KEY].handle(request)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    return await request.app[MESSAGES_KEY].handle(request)
+
+
+async def count_tokens(request: web.Request) -> web.StreamResponse:
+    """Anthropic's token count, with the declared tools the model would get counted too."""
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        body = None
+    if not isinstance(body, dict):
+        return await passthrough(request)
+    api = request.app[MESSAGES_KEY]
+    declared = [api.engine.schemas[name] for name in api.engine.active_tools(body)]
+    return await passthrough(request, body=dumps(count_tokens_body(body, declared)))
 
 
 async def stored_response(request: web.Request) -> web.StreamResponse:
@@ -146,7 +172,7 @@ class Unspoken:
                         "/v1/responses", request.path)
 
 
-async def passthrough(request: web.Request, *, path: str | None = None,
+async def passthrough(request: web.Request, *, path: str | None = None, body: bytes | None = None,
                       unspoken: Unspoken | None = None) -> web.StreamResponse:
     """Anything that is not an agent API request goes upstream untouched, streamed both ways."""
     upstream: Upstream = request.app[UPSTREAM_KEY]
@@ -155,7 +181,7 @@ async def passthrough(request: web.Request, *, path: str | None = None,
     if path is None:
         path = request.path[3:] if request.path.startswith("/v1/") else request.path
     url = upstream.url(path) + (f"?{request.query_string}" if request.query_string else "")
-    data = request.content if request.body_exists else None
+    data = body if body is not None else (request.content if request.body_exists else None)
     headers = forward_headers(request.headers, upstream.api_key)
     # bytes go back as the upstream encoded them, so ask only for what the agent accepts
     headers["Accept-Encoding"] = request.headers.get("Accept-Encoding", "identity")

@@ -57,7 +57,11 @@ def error_body(message: str, code: str, kind: str = "upstream_error") -> bytes:
     return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
 
 
-def forward_headers(headers: Mapping[str, str], api_key: str | None) -> dict[str, str]:
+KEY_HEADERS = ("authorization", "x-api-key", "api-key")
+
+
+def forward_headers(headers: Mapping[str, str], api_key: str | None, *,
+                    key_header: str = "Authorization") -> dict[str, str]:
     """The agent's headers as the model server gets them: no hop-by-hop header, never toolkeeper's own cookie."""
     forwarded = {name: value for name, value in headers.items() if name.lower() not in HOP_BY_HOP}
     for name in [n for n in forwarded if n.lower() == "cookie"]:
@@ -67,10 +71,10 @@ def forward_headers(headers: Mapping[str, str], api_key: str | None) -> dict[str
             forwarded[name] = kept
         else:
             del forwarded[name]
-    if api_key is not None:
-        for name in [n for n in forwarded if n.lower() == "authorization"]:
+    if api_key is not None:  # toolkeeper's key, in the header the API reads; the agent's own never goes on
+        for name in [n for n in forwarded if n.lower() in KEY_HEADERS]:
             del forwarded[name]
-        forwarded["Authorization"] = f"Bearer {api_key}"
+        forwarded[key_header] = f"Bearer {api_key}" if key_header == "Authorization" else api_key
     return forwarded
 
 

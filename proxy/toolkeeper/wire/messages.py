@@ -1,0 +1,275 @@
+"""The Anthropic Messages adapter: `POST /v1/messages` in (Claude Code, the anthropic SDKs), one engine turn out.
+
+    agent body --(messages -> neutral)--> engine --(MessagesModel: neutral -> messages)--> upstream /messages
+    agent  <-- one message: the blocks it may see, one id, usage summed, the final stop_reason --+
+
+Headers go upstream as the agent sent them (`anthropic-version`,
+`anthropic-beta`, `x-api-key` or `Authorization`; `api_key_env` replaces the
+key in `x-api-key`), and so does the query (`?beta=true`). Errors have the
+API's own shape: `{"type": "error", "error": {"type", "message"}}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from toolkeeper.common import dumps
+from toolkeeper.engine import Round, TurnResult, Visible
+from toolkeeper.wire.agentapi import AgentAPI, TurnWriter, whole_turn
+from toolkeeper.wire.chat_stream import MalformedResponse
+from toolkeeper.wire.messages_items import (
+    BLOCKS,
+    anthropic_from_messages,
+    anthropic_tool,
+    check_request,
+    messages_from_anthropic,
+    neutral_tool_choice,
+    round_from_message,
+    visible_blocks,
+)
+from toolkeeper.wire.messages_stream import MessagesReader
+from toolkeeper.wire.responses_stream import UpstreamFailed
+from toolkeeper.wire.sse import EventSplitter, EventTooLarge
+from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, UpstreamError, forward_headers, read_whole
+
+ENGINE_KEYS = ("tools", "tool_choice")
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 415: "invalid_request_error",
+               429: "rate_limit_error", 529: "overloaded_error"}
+PING = b'event: ping\ndata: {"type": "ping"}\n\n'
+
+
+def anthropic_error(status: int, message: str) -> bytes:
+    return orjson.dumps({"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"),
+                                                    "message": message}})
+
+
+def error_response(error: UpstreamError) -> web.Response:
+    """The model server's own errors as they came (a 529 stays an overloaded_error); toolkeeper's in the shape."""
+    return web.Response(status=error.status, body=anthropic_body(error), content_type="application/json")
+
+
+def anthropic_body(error: UpstreamError) -> bytes:
+    try:
+        parsed = orjson.loads(error.body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict) and parsed.get("type") == "error":
+        return error.body
+    return anthropic_error(error.status, str(error.error_object().get("message") or "the model server failed"))
+
+
+class MessagesAPI(AgentAPI):
+    api = "messages"
+
+    def refuse(self, message: str, code: str = "invalid_request", status: int = 400) -> web.Response:
+        return web.Response(status=status, body=anthropic_error(status, message), content_type="application/json")
+
+    async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
+        problem = check_request(body)
+        if problem:
+            return self.refuse(problem)
+        neutral: dict[str, Any] = {"messages": messages_from_anthropic(body["messages"])}
+        if "tools" in body:
+            neutral["tools"] = body["tools"]
+        if "tool_choice" in body:
+            neutral["tool_choice"] = neutral_tool_choice(body["tool_choice"])
+        model = MessagesModel(self.upstream, request, body, self.engine.hidden_names(neutral))
+        events = self.engine.run(neutral, model, self.context(request, raw))
+        if body.get("stream"):
+            return await MessagesWriter(request, model, self.keepalive).relay(events)
+        result = await whole_turn(events, error_response)
+        if isinstance(result, web.Response):
+            return result
+        if result.passthrough and not model.hidden:
+            return web.Response(body=result.last.raw, content_type="application/json")
+        return web.Response(body=dumps(final_message(model, result, model.visible_output)),
+                            content_type="application/json")
+
+
+class MessagesModel:
+    """The engine's Model for the Messages API: one upstream message per round."""
+
+    def __init__(self, upstream: Upstream, request: web.Request, body: dict[str, Any], hidden: set[str]):
+        self.upstream = upstream
+        self.headers = {**forward_headers(request.headers, upstream.api_key, key_header="x-api-key"),
+                        "Content-Type": "application/json"}
+        self.query = f"?{request.query_string}" if request.query_string else ""
+        self.body = body
+        self.hidden = hidden
+        self.streaming = bool(body.get("stream"))
+        self.first: dict[str, Any] | None = None  # the first round's message: the agent's id
+        self.rounds: list[Round] = []
+        self.visible_output: list[dict[str, Any]] = []
+        self.reader: MessagesReader | None = None
+        self.relayed: list[tuple[int, dict[str, Any]]] = []
+
+    def request(self, neutral: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in self.body.items() if k not in ENGINE_KEYS}
+        if neutral.get("tools"):
+            out["tools"] = [anthropic_tool(t) for t in neutral["tools"]]
+        if "tool_choice" in self.body:
+            choice = self.body["tool_choice"]
+            if neutral.get("tool_choice") == "auto" and choice.get("type") != "auto":  # the forced call was made
+                choice = {**{k: v for k, v in choice.items() if k != "name"}, "type": "auto"}
+            out["tool_choice"] = choice
+        out["messages"] = anthropic_from_messages(neutral["messages"])
+        return out
+
+    async def round(self, body: dict[str, Any]) -> AsyncIterator[Visible | Round]:
+        self.reader = MessagesReader(self.hidden)
+        try:
+            async with self.upstream.session.post(self.upstream.url("/messages") + self.query,
+                                                  data=dumps(self.request(body)), headers=self.headers,
+                                                  timeout=self.upstream.timeout) as response:
+                if response.status != 200:
+                    raise UpstreamError(response.status, await response.read(),
+                                        response.headers.get("Content-Type", "application/json"))
+                if "text/event-stream" in response.headers.get("Content-Type", ""):
+                    async for event in self._read_stream(response):
+                        yield event
+                else:
+                    for event in self._read_whole(await read_whole(response)):
+                        yield event
+        except (MalformedResponse, EventTooLarge) as exc:
+            raise UpstreamError(502, anthropic_error(502, f"the model server sent a malformed response: {exc}"),
+                                ) from exc
+        except UpstreamFailed as exc:
+            status = 529 if exc.error.get("type") == "overloaded_error" else 502
+            raise UpstreamError(status, orjson.dumps({"type": "error", "error": exc.error})) from exc
+        except TimeoutError as exc:
+            raise UpstreamError(504, anthropic_error(504, "the model server did not answer in time")) from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(502, anthropic_error(502, f"cannot reach the model server: {exc}")) from exc
+
+    async def _read_stream(self, response: aiohttp.ClientResponse) -> AsyncIterator[Visible | Round]:
+        reader = self.reader
+        events = EventSplitter(MAX_EVENT_BYTES)
+        async for data in response.content.iter_any():
+            texts = [text for event in events.feed(data) if (text := reader.feed(_event(event)))]
+            self.first = self.first or reader.message
+            taken = reader.take()
+            self.relayed.extend((len(self.rounds), event) for event in taken)
+            if taken:
+                yield Visible(tuple({"content": text} for text in texts), {"id": (self.first or {}).get("id")})
+        last = events.rest()
+        if last:
+            reader.feed(_event(last))
+        found = reader.finish()
+        self.relayed.extend((len(self.rounds), event) for event in reader.take())
+        self.rounds.append(found)
+        yield found
+
+    def _read_whole(self, raw: bytes) -> list[Visible | Round]:
+        try:
+            message = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise MalformedResponse(f"JSON that does not parse ({exc})") from exc
+        if not isinstance(message, dict) or not isinstance(message.get("content", []), list):
+            raise MalformedResponse("a message without its content list")
+        found = round_from_message(message, raw if not self.streaming else None)
+        self.first = self.first or message
+        self.visible_output.extend(visible_blocks(found.message[BLOCKS], self.hidden))
+        self.rounds.append(found)
+        text = found.message.get("content")
+        return [*([Visible(({"content": text},), {"id": message.get("id")})] if text else []), found]
+
+    def take(self) -> list[tuple[int, dict[str, Any]]]:
+        taken, self.relayed = self.relayed, []
+        return taken
+
+
+def final_message(model: MessagesModel, result: TurnResult, content: list[dict[str, Any]]) -> dict[str, Any]:
+    last = dict(result.last.head.get("message") or {})
+    first = model.first or {}
+    if result.said:
+        content = [*content, {"type": "text", "text": result.said}]
+    stop = "tool_use" if result.tool_calls else ("max_tokens" if result.finish_reason == "length"
+                                                 else last.get("stop_reason") or "end_turn")
+    if stop == "tool_use" and not result.tool_calls:
+        stop = "end_turn"
+    return {**last, "id": first.get("id", last.get("id")), "content": content, "stop_reason": stop,
+            "usage": result.usage}
+
+
+class MessagesWriter(TurnWriter):
+    """The agent's side, streamed: one message_start, the blocks it may see with `index` from 0, pings while a
+    tool runs, one message_delta (the final stop_reason, usage summed), one message_stop."""
+
+    keepalive_data = PING
+
+    def __init__(self, request: web.Request, model: MessagesModel, keepalive: float):
+        super().__init__(request, keepalive)
+        self.model = model
+        self.started = False
+        self.indexes: dict[tuple[int, int], int] = {}
+
+    async def working(self) -> None:
+        await self._flush()
+
+    async def visible(self, event: Visible) -> None:
+        await self._flush()
+
+    def _event(self, event: dict[str, Any]) -> bytes:
+        return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+    async def _flush(self) -> None:
+        parts = []
+        if not self.started and self.model.first is not None:
+            self.started = True
+            first = {**self.model.first, "content": [], "stop_reason": None, "stop_sequence": None}
+            parts.append(self._event({"type": "message_start", "message": first}))
+        for round_number, event in self.model.take():
+            index = self.indexes.setdefault((round_number, event["index"]), len(self.indexes))
+            parts.append(self._event({**event, "index": index}))
+        if parts:
+            await self.write(b"".join(parts))
+
+    async def finish(self, result: TurnResult) -> None:
+        await self._flush()
+        parts = []
+        if result.said:
+            index = len(self.indexes)
+            self.indexes[(-1, index)] = index
+            parts += [self._event({"type": "content_block_start", "index": index,
+                                   "content_block": {"type": "text", "text": ""}}),
+                      self._event({"type": "content_block_delta", "index": index,
+                                   "delta": {"type": "text_delta", "text": result.said}}),
+                      self._event({"type": "content_block_stop", "index": index})]
+        final = final_message(self.model, result, [])
+        parts += [self._event({"type": "message_delta", "delta": {"stop_reason": final["stop_reason"],
+                                                                  "stop_sequence": final.get("stop_sequence")},
+                               "usage": final["usage"] or {}}),
+                  self._event({"type": "message_stop"})]
+        response = await self.prepared()
+        await response.write_eof(b"".join(parts))
+
+    async def fail(self, error: UpstreamError) -> web.StreamResponse:
+        if self.response is None:
+            return error_response(error)
+        await self.response.write_eof(b"event: error\ndata: " + anthropic_body(error) + b"\n\n")
+        return self.response
+
+
+def _event(data: bytes) -> dict[str, Any]:
+    lines = [line[5:].lstrip() for line in data.split(b"\n") if line.startswith(b"data:")]
+    try:
+        event = orjson.loads(b"\n".join(lines))
+    except orjson.JSONDecodeError as exc:
+        raise MalformedResponse(f"a stream event that is not JSON ({exc})") from exc
+    if not isinstance(event, dict):
+        raise MalformedResponse("a stream event that is not an object")
+    return event
+
+
+def count_tokens_body(body: dict[str, Any], declared: list[dict[str, Any]]) -> dict[str, Any]:
+    """`/v1/messages/count_tokens` counts with the declared tools the model would get."""
+    mine = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
+    extra = [anthropic_tool(t) for t in declared if anthropic_tool(t)["name"] not in mine]
+    return {**body, "tools": [*(body.get("tools") or []), *extra]} if extra else body
+

@@ -1,0 +1,173 @@
+"""Anthropic Messages, to and from the engine's neutral (Chat Completions) form, losing nothing.
+
+    user message: its tool_result blocks -> {"role": "tool", "tool_call_id", "content"} each,
+                  the rest of its blocks  -> {"role": "user", ...} (marked as following those results)
+    assistant message                     -> {"role": "assistant", "content": text, "tool_calls": [tool_use...]}
+    system turns inside `messages`        -> {"role": "system", ...}
+
+Each neutral message keeps what it came from (`_blocks`, or `_message` for a
+whole message), so the model server gets the agent's blocks back verbatim,
+`cache_control`, thinking signatures and all. Going back, a run of tool
+results and the rest of its user message become one user message again, the
+results first (the API requires it): toolkeeper's hidden results join the run,
+before the agent's text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from toolkeeper.engine import Round, ToolCall
+
+BLOCKS = "_blocks"  # a neutral message's original content blocks
+MESSAGE = "_message"  # a neutral message's original message, when it maps whole
+AFTER_RESULTS = "_after_results"  # the rest of a user message whose tool_result blocks came first
+CALL_BLOCK = "_block"  # the original block of a call
+THINKING = ("thinking", "redacted_thinking")
+ROLES = ("user", "assistant", "system")
+
+
+def messages_from_anthropic(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    neutral: list[dict[str, Any]] = []
+    for message in messages:
+        content = message.get("content")
+        role = message.get("role")
+        if role == "assistant":
+            blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+            neutral.append({**assistant_message(blocks), MESSAGE: message})
+            continue
+        if role != "user" or not isinstance(content, list):
+            neutral.append({"role": role, "content": content, MESSAGE: message})
+            continue
+        results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
+        rest = [b for b in content if not (isinstance(b, dict) and b.get("type") == "tool_result")]
+        for block in results:
+            neutral.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": block.get("content"),
+                            BLOCKS: [block]})
+        if rest or not results:
+            neutral.append({"role": "user", "content": rest, BLOCKS: rest, AFTER_RESULTS: bool(results)})
+    return neutral
+
+
+def assistant_message(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The neutral message for an assistant's blocks: its text, and its tool_use blocks as calls."""
+    text = "".join(b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text")
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    calls = [call_entry(b) for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def call_entry(block: dict[str, Any]) -> dict[str, Any]:
+    return {"id": block.get("id"), "type": "function",
+            "function": {"name": block.get("name"), "arguments": orjson.dumps(block.get("input", {})).decode()}}
+
+
+def anthropic_from_messages(neutral: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Neutral messages back to Anthropic's: originals verbatim, results gathered first in their user message."""
+    out: list[dict[str, Any]] = []
+    gathering = False  # the last message out is a user message of tool results, open to more
+    for message in neutral:
+        role = message.get("role")
+        if role == "tool":
+            block = (message.get(BLOCKS) or [None])[0] or {"type": "tool_result",
+                                                            "tool_use_id": message.get("tool_call_id"),
+                                                            "content": message.get("content") or ""}
+            if not gathering:
+                out.append({"role": "user", "content": []})
+                gathering = True
+            out[-1]["content"].append(block)
+            continue
+        if role == "user" and message.get(AFTER_RESULTS) and gathering:
+            out[-1]["content"].extend(message.get(BLOCKS) or [])
+        elif MESSAGE in message:
+            out.append(message[MESSAGE])
+        elif BLOCKS in message:
+            out.append({"role": role, "content": message[BLOCKS]})
+        else:  # toolkeeper's own words (a turn it ended)
+            out.append({"role": role, "content": [{"type": "text", "text": message.get("content") or ""}]})
+        gathering = False
+    return out
+
+
+def round_from_message(message: dict[str, Any], raw: bytes | None = None) -> Round:
+    blocks = [b for b in message.get("content") or [] if isinstance(b, dict)]
+    calls = [ToolCall(b.get("id") or "", b.get("name") or "", b.get("input", {}), {CALL_BLOCK: b})
+             for b in blocks if b.get("type") == "tool_use"]
+    stop = message.get("stop_reason")
+    finish = "tool_calls" if stop == "tool_use" else "length" if stop == "max_tokens" else "stop"
+    head = {"id": message.get("id"), "model": message.get("model"),
+            "message": {k: v for k, v in message.items() if k not in ("content", "usage")}}
+    text = assistant_message(blocks).get("content")
+    return Round(head, {"content": text, BLOCKS: blocks}, calls, finish, message.get("usage"), raw=raw)
+
+
+def visible_blocks(blocks: list[dict[str, Any]], hidden: set[str]) -> list[dict[str, Any]]:
+    """All but the declared calls, and the thinking that led to one (it travels with the block it precedes)."""
+    shown: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []
+    for block in blocks:
+        if block.get("type") in THINKING:
+            pending.append(block)
+            continue
+        if not (block.get("type") == "tool_use" and block.get("name") in hidden):
+            shown.extend(pending)
+            shown.append(block)
+        pending = []
+    return shown
+
+
+def anthropic_tool(entry: dict[str, Any]) -> dict[str, Any]:
+    """A declared tool's chat-shaped schema as Anthropic's; the agent's own tools as they are."""
+    function = entry.get("function")
+    if entry.get("type") == "function" and isinstance(function, dict):
+        return {"name": function["name"], "description": function.get("description", ""),
+                "input_schema": function.get("parameters") or {"type": "object", "properties": {}}}
+    return entry
+
+
+def neutral_tool_choice(choice: Any) -> Any:
+    """Anthropic's tool_choice as the engine reads it (none, required, a named tool, auto)."""
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "none":
+        return "none"
+    if kind == "any":
+        return "required"
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return "auto"
+
+
+def check_request(body: Any) -> str | None:
+    """What is wrong with a Messages request, in the words a 400 gives; None when it can be served."""
+    if not isinstance(body, dict):
+        return "the request body must be a JSON object"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages: must be a non-empty list"
+    for position, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            return f"messages.{position}.role: must be user or assistant"
+        content = message.get("content")
+        if not isinstance(content, (str, list)) or (isinstance(content, list) and not all(
+                isinstance(b, dict) and isinstance(b.get("type"), str) for b in content)):
+            return f"messages.{position}.content: must be a string or a list of blocks, each with a type"
+        for block in content if isinstance(content, list) else []:
+            if block["type"] == "tool_use" and not (isinstance(block.get("id"), str)
+                                                    and isinstance(block.get("name"), str)):
+                return f"messages.{position}: a tool_use block needs an id and a name"
+            if block["type"] == "tool_result" and not isinstance(block.get("tool_use_id"), str):
+                return f"messages.{position}: a tool_result block needs a tool_use_id"
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools)):
+        return "tools: must be a list of tools, each with a name"
+    choice = body.get("tool_choice")
+    if choice is not None and not (isinstance(choice, dict) and isinstance(choice.get("type"), str)):
+        return "tool_choice: must be an object with a type"
+    if "stream" in body and not isinstance(body["stream"], bool):
+        return "stream: must be true or false"
+    return None

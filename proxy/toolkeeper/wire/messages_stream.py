@@ -1,0 +1,138 @@
+"""One upstream Messages stream, read event by event: what the agent may see, and the Round at the end.
+
+The events of a declared call's `tool_use` block are dropped; a thinking
+block's events wait until the next block shows whether it is hidden (thinking
+travels with the block it precedes). The other block events are kept as the
+server wrote them, for the writer to relay with its own `index`. The
+message's own events (`message_start`, `message_delta`, `message_stop`,
+`ping`) are read here, never relayed: the agent's message has its own, once.
+Blocks are assembled from their deltas, as the API has no event that carries
+a finished block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from toolkeeper.engine import Round
+from toolkeeper.wire.chat_stream import MalformedResponse
+from toolkeeper.wire.messages_items import THINKING, round_from_message
+from toolkeeper.wire.responses_stream import UpstreamFailed
+
+DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature",
+                "citations_delta": "citation"}
+
+
+class MessagesReader:
+    def __init__(self, hidden: set[str]):
+        self.hidden = hidden
+        self.message: dict[str, Any] | None = None  # from message_start
+        self.stop: dict[str, Any] = {}  # message_delta's delta (stop_reason, stop_sequence)
+        self.usage: dict[str, Any] = {}
+        self.stopped = False
+        self.relay: list[dict[str, Any]] = []
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self._json: dict[int, list[str]] = {}  # tool_use input, in pieces
+        self._held: dict[int, list[dict[str, Any]]] = {}
+        self._dropped: set[int] = set()
+
+    def feed(self, event: dict[str, Any]) -> str | None:
+        """One event; the text it adds to what the agent sees, if any."""
+        kind = event.get("type")
+        if kind == "message_start":
+            self.message = _object(event, "message")
+            self.usage = dict(self.message.get("usage") or {})
+            return None
+        if kind == "message_delta":
+            self.stop.update(event.get("delta") or {})
+            self.usage.update(event.get("usage") or {})
+            return None
+        if kind == "message_stop":
+            self.stopped = True
+            return None
+        if kind == "ping":
+            return None
+        if kind == "error":
+            raise UpstreamFailed(event.get("error") if isinstance(event.get("error"), dict) else {})
+        index = event.get("index")
+        if not isinstance(index, int) or kind not in ("content_block_start", "content_block_delta",
+                                                      "content_block_stop"):
+            raise MalformedResponse(f"an unexpected stream event: {str(kind)[:40]}")
+        return self._block_event(kind, index, event)
+
+    def _block_event(self, kind: str, index: int, event: dict[str, Any]) -> str | None:
+        text = None
+        if kind == "content_block_start":
+            block = dict(_object(event, "content_block"))
+            self.blocks[index] = block
+            self._starts(index, block)
+        elif kind == "content_block_delta":
+            text = self._apply(index, _object(event, "delta"))
+        else:
+            self._finished(index)
+        if index in self._dropped:
+            return None
+        if index in self._held:
+            self._held[index].append(event)
+            return None
+        self.relay.append(event)
+        return text
+
+    def _starts(self, index: int, block: dict[str, Any]) -> None:
+        if block.get("type") in THINKING:
+            self._held[index] = []
+            return
+        hidden = block.get("type") == "tool_use" and block.get("name") in self.hidden
+        for held in sorted(self._held):
+            if hidden:
+                self._dropped.add(held)
+            else:
+                self.relay.extend(self._held[held])
+        self._held.clear()
+        if hidden:
+            self._dropped.add(index)
+
+    def _apply(self, index: int, delta: dict[str, Any]) -> str | None:
+        block = self.blocks.get(index)
+        if block is None:
+            raise MalformedResponse(f"a delta for block {index}, which never started")
+        kind = delta.get("type")
+        if kind == "input_json_delta":
+            self._json.setdefault(index, []).append(str(delta.get("partial_json", "")))
+            return None
+        field = DELTA_FIELDS.get(kind or "")
+        if field == "citation":
+            block.setdefault("citations", []).append(delta.get("citation"))
+        elif field:
+            block[field] = block.get(field, "") + str(delta.get(field, ""))
+        return delta.get("text") if kind == "text_delta" and index not in self._dropped else None
+
+    def _finished(self, index: int) -> None:
+        pieces = self._json.pop(index, None)
+        if pieces is not None and index in self.blocks:
+            try:
+                self.blocks[index]["input"] = orjson.loads("".join(pieces) or "{}")
+            except orjson.JSONDecodeError as exc:
+                raise MalformedResponse(f"a tool_use input that is not JSON ({exc})") from exc
+
+    def finish(self) -> Round:
+        if self.message is None or not self.stopped:
+            raise MalformedResponse("the stream ended before message_stop")
+        self._dropped.update(self._held)  # thinking with nothing after it stays hidden
+        self._held.clear()
+        message = {**self.message, **self.stop, "usage": self.usage,
+                   "content": [self.blocks[i] for i in sorted(self.blocks)]}
+        return round_from_message(message)
+
+    def take(self) -> list[dict[str, Any]]:
+        taken, self.relay = self.relay, []
+        return taken
+
+
+def _object(event: dict[str, Any], key: str) -> dict[str, Any]:
+    value = event.get(key)
+    if not isinstance(value, dict):
+        raise MalformedResponse(f"a {event.get('type')} event without its '{key}' object")
+    return value
