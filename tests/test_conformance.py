@@ -15,6 +15,7 @@ import pytest
 from conftest import check_every_call_answered, start_toolkeeper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "conformance"))
+import messages_cases
 import responses_cases
 from cases import WEATHER, cases, golden_path, reassemble, run_case, sse_chunks
 
@@ -80,7 +81,27 @@ def test_responses_transcript_matches_the_golden_one(scripted, conformance_tk, k
         ["call_w1"] if kind == "mixed" else [])
 
 
+@pytest.mark.parametrize("kind", messages_cases.cases())
+def test_messages_transcript_matches_the_golden_one(scripted, conformance_tk, kind):
+    golden = json.loads(messages_cases.golden_path(kind).read_text())
+    transcript = json.loads(json.dumps(messages_cases.run_case(kind, conformance_tk.url, scripted)))
+
+    assert transcript["turn1"]["agent_sse"] == golden["turn1"]["agent_sse"]  # byte for byte
+    assert transcript["turn1"]["upstream"] == golden["turn1"]["upstream"]
+    assert transcript["turn2"]["upstream_messages"] == golden["turn2"]["upstream_messages"]
+    events = messages_cases.sse_events(golden["turn1"]["agent_sse"].encode())
+    sse = golden["turn1"]["agent_sse"]
+    assert '"lookup"' not in sse and "toolu_l1" not in sse and "toolu_a1" not in sse
+    assert [e["type"] for e in events].count("message_start") == 1 and events[-1]["type"] == "message_stop"
+    starts = [e["index"] for e in events if e["type"] == "content_block_start"]
+    assert starts == list(range(len(starts)))
+    assert transcript["turn1"]["agent_message"] == golden["turn1"]["agent_message"]
+    stop = golden["turn1"]["agent_message"]["stop_reason"]
+    assert stop == ("tool_use" if kind == "mixed" else "end_turn")
+
+
 def test_every_golden_file_is_a_case():
     expected = {golden_path(shape, kind).name for shape, kind in cases()}
     expected |= {responses_cases.golden_path(kind).name for kind in responses_cases.cases()}
+    expected |= {messages_cases.golden_path(kind).name for kind in messages_cases.cases()}
     assert {p.name for p in golden_path("x", "y").parent.glob("*.json")} == expected

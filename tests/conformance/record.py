@@ -14,6 +14,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
+import messages_cases  # noqa: E402
 import responses_cases  # noqa: E402
 from cases import cases, golden_path, run_case  # noqa: E402
 from conftest import STANDARD_AGENT, Process, Scripted, start_toolkeeper, write_agent  # noqa: E402
@@ -35,6 +36,10 @@ def main() -> None:
             transcript = responses_cases.run_case(kind, toolkeeper.url, scripted)
             responses_cases.golden_path(kind).write_text(json.dumps(transcript, indent=1, ensure_ascii=False) + "\n")
             print(f"recorded responses/{kind}")
+        for kind in messages_cases.cases():
+            transcript = messages_cases.run_case(kind, toolkeeper.url, scripted)
+            messages_cases.golden_path(kind).write_text(json.dumps(transcript, indent=1, ensure_ascii=False) + "\n")
+            print(f"recorded messages/{kind}")
     finally:
         toolkeeper.stop()
         scripted_process.stop()
