@@ -12,13 +12,14 @@ model calls one declared tool (`/bin/true`), and the script prints:
 - for (b), what the declared round adds beyond the command's own run time
   and the second model round: toolkeeper(b) - toolkeeper(a) - direct - /bin/true.
 
-(c) runs the same turn as (a) over the Responses API (`/v1/responses`), and
-prints toolkeeper's CPU per request against its Chat Completions one.
+(c) and (d) run the same turn as (a) over the Responses API (`/v1/responses`)
+and Anthropic's Messages API (`/v1/messages`), and print toolkeeper's CPU per
+request against its Chat Completions one.
 
 Targets (issue 2): (a) throughput >= 0.8x the floor's and added p50 <= 0.4 ms at
 concurrency 1; (b) the declared round adds <= 2 ms beyond the command's run;
-(c) a Responses turn with no declared call costs within 10% of a Chat
-Completions one.
+(c), (d) a Responses or Messages turn with no declared call costs within 10% of
+a Chat Completions one.
 
     python bench/overhead.py            # the full run (about a minute)
     python bench/overhead.py --quick    # a smoke run
@@ -111,6 +112,39 @@ def _responses_events() -> tuple[bytes, bytes]:
 RESPONSES_WHOLE, RESPONSES_SSE = _responses_events()
 
 
+def _messages_events() -> tuple[bytes, bytes]:
+    """The same answer over Anthropic's Messages API: whole, and streamed as Anthropic sends it."""
+    usage = {"input_tokens": 20, "output_tokens": 12, "cache_creation_input_tokens": 0,
+             "cache_read_input_tokens": 0}
+    message = {"id": "msg_bench", "type": "message", "role": "assistant", "model": "bench",
+               "content": [{"type": "text", "text": TEXT}], "stop_reason": "end_turn", "stop_sequence": None,
+               "usage": usage}
+    events = [{"type": "message_start", "message": {**message, "content": [], "stop_reason": None}},
+              {"type": "ping"},
+              {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+              *({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": w + " "}}
+                for w in TEXT.split()),
+              {"type": "content_block_stop", "index": 0},
+              {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+               "usage": {"output_tokens": 12}},
+              {"type": "message_stop"}]
+    streamed = b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events)
+    return orjson.dumps(message), streamed
+
+
+MESSAGES_WHOLE, MESSAGES_SSE = _messages_events()
+
+
+async def mock_messages(request: web.Request) -> web.StreamResponse:
+    body = orjson.loads(await request.read())
+    if not body.get("stream"):
+        return web.Response(body=MESSAGES_WHOLE, content_type="application/json")
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write_eof(MESSAGES_SSE)
+    return response
+
+
 async def mock_responses(request: web.Request) -> web.StreamResponse:
     body = orjson.loads(await request.read())
     if not body.get("stream"):
@@ -139,6 +173,7 @@ def serve_mock(port: int) -> None:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", mock_chat)
     app.router.add_post("/v1/responses", mock_responses)
+    app.router.add_post("/v1/messages", mock_messages)
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
@@ -314,18 +349,24 @@ async def run(quick: bool) -> int:
 
 
 async def responses_cases(urls: dict, pids: dict, sizes: dict, chat: dict) -> None:
-    """(c) the same turn over the Responses API: toolkeeper's cost against its Chat Completions one."""
+    """(c) the same turn over the Responses API and (d) over the Messages API: toolkeeper's cost against its
+    Chat Completions one."""
     print(f"\n{'case':<26}{'conc':>5}{'direct p50':>11}{'tk +p50':>9}{'tk rps':>8}{'tk cpu':>8}"
-          f"{'chat cpu':>9}{'resp/chat':>10}")
-    for stream in (False, True):
-        body = {"model": "b", "input": [{"role": "user", "content": MESSAGES[0]["content"]}], "stream": stream}
-        for concurrency, total in sizes.items():
-            d = await measure(urls["direct"], body, concurrency, total, None, "/responses")
-            t = await measure(urls["toolkeeper"], body, concurrency, total, pids["toolkeeper"], "/responses")
-            c = chat[(stream, concurrency)]["toolkeeper"]
-            name = f"(c) Responses, no call{' SSE' if stream else ''}"
-            print(f"{name:<26}{concurrency:>5}{d['p50'] * 1e3:>11.3f}{(t['p50'] - d['p50']) * 1e3:>9.3f}"
-                  f"{t['rps']:>8.0f}{t['cpu_us']:>6.0f}µs{c['cpu_us']:>7.0f}µs{t['cpu_us'] / c['cpu_us']:>10.2f}")
+          f"{'chat cpu':>9}{'api/chat':>10}")
+    apis = (("(c) Responses", "/responses", "input", {}), ("(d) Messages", "/messages", "messages",
+                                                                 {"max_tokens": 64}))
+    for label, path, key, extra in apis:
+        for stream in (False, True):
+            body = {"model": "b", key: [{"role": "user", "content": MESSAGES[0]["content"]}], "stream": stream,
+                    **extra}
+            for concurrency, total in sizes.items():
+                d = await measure(urls["direct"], body, concurrency, total, None, path)
+                t = await measure(urls["toolkeeper"], body, concurrency, total, pids["toolkeeper"], path)
+                c = chat[(stream, concurrency)]["toolkeeper"]
+                name = f"{label}, no call{' SSE' if stream else ''}"
+                print(f"{name:<26}{concurrency:>5}{d['p50'] * 1e3:>11.3f}{(t['p50'] - d['p50']) * 1e3:>9.3f}"
+                      f"{t['rps']:>8.0f}{t['cpu_us']:>6.0f}µs{c['cpu_us']:>7.0f}µs"
+                      f"{t['cpu_us'] / c['cpu_us']:>10.2f}")
 
 
 def main() -> int:
