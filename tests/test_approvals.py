@@ -360,3 +360,28 @@ def test_an_approval_wait_over_the_responses_api_keeps_the_agent_alive(scripted,
     assert ": keep-alive" in text and events[-1]["type"] == "response.completed"
     assert not any((e.get("item") or {}).get("type") == "function_call" for e in events)
     assert tka.calls() == [["release", "7.0.0"]]
+
+
+def test_an_approval_wait_over_the_messages_api_sends_pings(scripted, tka):
+    import anthropic
+
+    scripted.add({"when": "messages-wait", "tool_calls": [call("release", {"version": "8.0.0"})]},
+                 {"when": "messages-wait", "content": "{tool_result}"})
+    chunks: list[bytes] = []
+
+    def ask() -> None:
+        with anthropic.Anthropic(base_url=tka.base_url[:-3], api_key="sk-ant-wait", max_retries=0) as api, \
+                api.messages.with_streaming_response.create(
+                    model="c", max_tokens=50, stream=True,
+                    messages=[{"role": "user", "content": "messages-wait"}]) as response:
+            chunks.append(response.read())
+
+    worker = threading.Thread(target=ask)
+    worker.start()
+    (approval,) = waiting(tka)
+    time.sleep(0.5)
+    assert cli(tka, "approve", approval).returncode == 0
+    worker.join(30)
+    text = chunks[0].decode()
+    assert 'event: ping\ndata: {"type": "ping"}' in text and text.rstrip().endswith('{"type":"message_stop"}')
+    assert tka.calls() == [["release", "8.0.0"]]
