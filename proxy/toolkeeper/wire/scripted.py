@@ -76,7 +76,7 @@ class ScriptedModel:
         if isinstance(conversation, str):
             conversation = [{"role": "user", "content": conversation}]
         asked = next((str(m.get("content")) for m in reversed(conversation)
-                      if isinstance(m, dict) and m.get("role") == "user"), "")
+                      if isinstance(m, dict) and m.get("role") == "user" and not _only_results(m)), "")
         for position, step in enumerate(self.steps):
             if step.get("when") is None or step["when"] in asked:
                 return step if step.get("repeat") else self.steps.pop(position)
@@ -319,6 +319,13 @@ class _Response:
                 await asyncio.sleep(self.step["chunk_delay"])
         await response.write_eof()
         return response
+
+
+def _only_results(message: dict[str, Any]) -> bool:
+    """An Anthropic user message that only carries tool results: not what the user asked."""
+    content = message.get("content")
+    return isinstance(content, list) and bool(content) and all(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
 
 
 def _pieces(text: str, sizes: Any) -> list[str]:
