@@ -184,3 +184,15 @@ def test_the_record_says_messages(scripted, tk):
     ask(tk, False, messages=question())
     metrics = urllib.request.urlopen(tk.base_url[:-3] + "/metrics", timeout=10).read().decode()
     assert 'toolkeeper_requests_total{api="messages"' in metrics
+
+
+def test_a_user_message_resent_as_a_string_still_finds_its_history(scripted, tk):
+    """Claude Code's --continue may resend a one-block user message as a plain string."""
+    text = user()[0]["content"]
+    scripted.script({"tool_calls": [call("lookup", {"word": "s"})]}, {"content": "first answer"})
+    first = ask(tk, False, messages=[{"role": "user", "content": [{"type": "text", "text": text}]}])
+    scripted.script({"content": "second answer"})
+    ask(tk, False, messages=[{"role": "user", "content": text}, {"role": "assistant", "content": blocks(first)},
+                             {"role": "user", "content": "and?"}])
+    sent = scripted.bodies()[0]["messages"]
+    assert any(b.get("type") == "tool_use" for m in sent if isinstance(m["content"], list) for b in m["content"])

@@ -47,11 +47,16 @@ def _canonical_arguments(arguments: Any) -> Any:
 
 
 def _text(content: Any) -> str:
+    """What a message says. Text parts joined are the same text as a string: an agent may resend a message
+    of one text block as a plain string (Claude Code's --continue does)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content.strip()
     if isinstance(content, list):
+        texts = [part.get("text") if isinstance(part, dict) else None for part in content]
+        if all(isinstance(text, str) for text in texts):
+            return "".join(texts).strip()  # type: ignore[arg-type]
         return orjson.dumps([part.get("text", part) if isinstance(part, dict) else part for part in content],
                             option=orjson.OPT_SORT_KEYS).decode()
     return str(content)

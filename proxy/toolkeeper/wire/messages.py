@@ -33,9 +33,10 @@ from toolkeeper.wire.messages_items import (
     visible_blocks,
 )
 from toolkeeper.wire.messages_stream import MessagesReader
+from toolkeeper.wire.relay import RAW, RelayingModel
 from toolkeeper.wire.responses_stream import UpstreamFailed
-from toolkeeper.wire.sse import EventSplitter, EventTooLarge
-from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, UpstreamError, forward_headers, read_whole
+from toolkeeper.wire.sse import EventTooLarge
+from toolkeeper.wire.upstream import Upstream, UpstreamError, forward_headers, read_whole
 
 ENGINE_KEYS = ("tools", "tool_choice")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -92,22 +93,16 @@ class MessagesAPI(AgentAPI):
                             content_type="application/json")
 
 
-class MessagesModel:
+class MessagesModel(RelayingModel):
     """The engine's Model for the Messages API: one upstream message per round."""
 
     def __init__(self, upstream: Upstream, request: web.Request, body: dict[str, Any], hidden: set[str]):
+        super().__init__(hidden, bool(body.get("stream")))
         self.upstream = upstream
         self.headers = {**forward_headers(request.headers, upstream.api_key, key_header="x-api-key"),
                         "Content-Type": "application/json"}
         self.query = f"?{request.query_string}" if request.query_string else ""
         self.body = body
-        self.hidden = hidden
-        self.streaming = bool(body.get("stream"))
-        self.first: dict[str, Any] | None = None  # the first round's message: the agent's id
-        self.rounds: list[Round] = []
-        self.visible_output: list[dict[str, Any]] = []
-        self.reader: MessagesReader | None = None
-        self.relayed: list[tuple[int, dict[str, Any]]] = []
 
     def request(self, neutral: dict[str, Any]) -> dict[str, Any]:
         out = {k: v for k, v in self.body.items() if k not in ENGINE_KEYS}
@@ -131,7 +126,7 @@ class MessagesModel:
                     raise UpstreamError(response.status, await response.read(),
                                         response.headers.get("Content-Type", "application/json"))
                 if "text/event-stream" in response.headers.get("Content-Type", ""):
-                    async for event in self._read_stream(response):
+                    async for event in self.read_stream(response):
                         yield event
                 else:
                     for event in self._read_whole(await read_whole(response)):
@@ -147,24 +142,6 @@ class MessagesModel:
         except aiohttp.ClientError as exc:
             raise UpstreamError(502, anthropic_error(502, f"cannot reach the model server: {exc}")) from exc
 
-    async def _read_stream(self, response: aiohttp.ClientResponse) -> AsyncIterator[Visible | Round]:
-        reader = self.reader
-        events = EventSplitter(MAX_EVENT_BYTES)
-        async for data in response.content.iter_any():
-            texts = [text for event in events.feed(data) if (text := reader.feed(_event(event)))]
-            self.first = self.first or reader.message
-            taken = reader.take()
-            self.relayed.extend((len(self.rounds), event) for event in taken)
-            if taken:
-                yield Visible(tuple({"content": text} for text in texts), {"id": (self.first or {}).get("id")})
-        last = events.rest()
-        if last:
-            reader.feed(_event(last))
-        found = reader.finish()
-        self.relayed.extend((len(self.rounds), event) for event in reader.take())
-        self.rounds.append(found)
-        yield found
-
     def _read_whole(self, raw: bytes) -> list[Visible | Round]:
         try:
             message = orjson.loads(raw)
@@ -173,16 +150,7 @@ class MessagesModel:
         if not isinstance(message, dict) or not isinstance(message.get("content", []), list):
             raise MalformedResponse("a message without its content list")
         found = round_from_message(message, raw if not self.streaming else None)
-        self.first = self.first or message
-        self.visible_output.extend(visible_blocks(found.message[BLOCKS], self.hidden))
-        self.rounds.append(found)
-        text = found.message.get("content")
-        return [*([Visible(({"content": text},), {"id": message.get("id")})] if text else []), found]
-
-    def take(self) -> list[tuple[int, dict[str, Any]]]:
-        taken, self.relayed = self.relayed, []
-        return taken
-
+        return self.whole(found, message, visible_blocks(found.message[BLOCKS], self.hidden))
 
 def final_message(model: MessagesModel, result: TurnResult, content: list[dict[str, Any]]) -> dict[str, Any]:
     last = dict(result.last.head.get("message") or {})
@@ -225,8 +193,12 @@ class MessagesWriter(TurnWriter):
             first = {**self.model.first, "content": [], "stop_reason": None, "stop_sequence": None}
             parts.append(self._event({"type": "message_start", "message": first}))
         for round_number, event in self.model.take():
+            raw = event.pop(RAW, None)
             index = self.indexes.setdefault((round_number, event["index"]), len(self.indexes))
-            parts.append(self._event({**event, "index": index}))
+            if raw is not None and index == event["index"]:
+                parts.append(raw + b"\n\n")  # nothing to renumber: the server's own bytes
+            else:
+                parts.append(self._event({**event, "index": index}))
         if parts:
             await self.write(b"".join(parts))
 
@@ -254,17 +226,6 @@ class MessagesWriter(TurnWriter):
             return error_response(error)
         await self.response.write_eof(b"event: error\ndata: " + anthropic_body(error) + b"\n\n")
         return self.response
-
-
-def _event(data: bytes) -> dict[str, Any]:
-    lines = [line[5:].lstrip() for line in data.split(b"\n") if line.startswith(b"data:")]
-    try:
-        event = orjson.loads(b"\n".join(lines))
-    except orjson.JSONDecodeError as exc:
-        raise MalformedResponse(f"a stream event that is not JSON ({exc})") from exc
-    if not isinstance(event, dict):
-        raise MalformedResponse("a stream event that is not an object")
-    return event
 
 
 def count_tokens_body(body: dict[str, Any], declared: list[dict[str, Any]]) -> dict[str, Any]:

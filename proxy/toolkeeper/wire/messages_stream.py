@@ -19,24 +19,26 @@ import orjson
 from toolkeeper.engine import Round
 from toolkeeper.wire.chat_stream import MalformedResponse
 from toolkeeper.wire.messages_items import THINKING, round_from_message
+from toolkeeper.wire.relay import HoldingReader
 from toolkeeper.wire.responses_stream import UpstreamFailed
 
 DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature",
                 "citations_delta": "citation"}
 
 
-class MessagesReader:
+class MessagesReader(HoldingReader):
     def __init__(self, hidden: set[str]):
-        self.hidden = hidden
+        super().__init__(hidden)
         self.message: dict[str, Any] | None = None  # from message_start
         self.stop: dict[str, Any] = {}  # message_delta's delta (stop_reason, stop_sequence)
         self.usage: dict[str, Any] = {}
         self.stopped = False
-        self.relay: list[dict[str, Any]] = []
         self.blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}  # tool_use input, in pieces
-        self._held: dict[int, list[dict[str, Any]]] = {}
-        self._dropped: set[int] = set()
+
+    @property
+    def head(self) -> dict[str, Any] | None:
+        return self.message
 
     def feed(self, event: dict[str, Any]) -> str | None:
         """One event; the text it adds to what the agent sees, if any."""
@@ -67,32 +69,13 @@ class MessagesReader:
         if kind == "content_block_start":
             block = dict(_object(event, "content_block"))
             self.blocks[index] = block
-            self._starts(index, block)
+            self.starts(index, holds=block.get("type") in THINKING,
+                        hidden=block.get("type") == "tool_use" and block.get("name") in self.hidden)
         elif kind == "content_block_delta":
             text = self._apply(index, _object(event, "delta"))
         else:
             self._finished(index)
-        if index in self._dropped:
-            return None
-        if index in self._held:
-            self._held[index].append(event)
-            return None
-        self.relay.append(event)
-        return text
-
-    def _starts(self, index: int, block: dict[str, Any]) -> None:
-        if block.get("type") in THINKING:
-            self._held[index] = []
-            return
-        hidden = block.get("type") == "tool_use" and block.get("name") in self.hidden
-        for held in sorted(self._held):
-            if hidden:
-                self._dropped.add(held)
-            else:
-                self.relay.extend(self._held[held])
-        self._held.clear()
-        if hidden:
-            self._dropped.add(index)
+        return text if self.route(index, event) else None
 
     def _apply(self, index: int, delta: dict[str, Any]) -> str | None:
         block = self.blocks.get(index)
@@ -107,7 +90,7 @@ class MessagesReader:
             block.setdefault("citations", []).append(delta.get("citation"))
         elif field:
             block[field] = block.get(field, "") + str(delta.get(field, ""))
-        return delta.get("text") if kind == "text_delta" and index not in self._dropped else None
+        return delta.get("text") if kind == "text_delta" else None
 
     def _finished(self, index: int) -> None:
         pieces = self._json.pop(index, None)
@@ -120,15 +103,10 @@ class MessagesReader:
     def finish(self) -> Round:
         if self.message is None or not self.stopped:
             raise MalformedResponse("the stream ended before message_stop")
-        self._dropped.update(self._held)  # thinking with nothing after it stays hidden
-        self._held.clear()
+        self.settle()
         message = {**self.message, **self.stop, "usage": self.usage,
                    "content": [self.blocks[i] for i in sorted(self.blocks)]}
         return round_from_message(message)
-
-    def take(self) -> list[dict[str, Any]]:
-        taken, self.relay = self.relay, []
-        return taken
 
 
 def _object(event: dict[str, Any], key: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from toolkeeper.common import digest, dumps
 from toolkeeper.engine import Round, Store, TurnResult, Visible
 from toolkeeper.wire.agentapi import AgentAPI, bad_request, whole_turn
 from toolkeeper.wire.chat_stream import MalformedResponse
+from toolkeeper.wire.relay import RelayingModel
 from toolkeeper.wire.responses_items import (
     ITEMS,
     check_request,
@@ -39,9 +40,9 @@ from toolkeeper.wire.responses_items import (
     visible_items,
 )
 from toolkeeper.wire.responses_stream import ResponsesReader, UpstreamFailed
-from toolkeeper.wire.responses_writer import RAW, ResponsesWriter, final_response
-from toolkeeper.wire.sse import EventSplitter, EventTooLarge
-from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, UpstreamError, forward_headers, read_whole
+from toolkeeper.wire.responses_writer import ResponsesWriter, final_response
+from toolkeeper.wire.sse import EventTooLarge
+from toolkeeper.wire.upstream import Upstream, UpstreamError, forward_headers, read_whole
 
 # What the engine reads of a request; the rest of the agent's body goes upstream as it came.
 ENGINE_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
@@ -130,21 +131,15 @@ class ResponsesAPI(AgentAPI):
         return link["last"] if link else response_id
 
 
-class ResponsesModel:
+class ResponsesModel(RelayingModel):
     """The engine's Model for the Responses API: one upstream response per round."""
 
     def __init__(self, upstream: Upstream, headers: Mapping[str, str], body: dict[str, Any], hidden: set[str]):
+        super().__init__(hidden, bool(body.get("stream")))
         self.upstream = upstream
         self.headers = {**forward_headers(headers, upstream.api_key), "Content-Type": "application/json"}
         self.body = body
-        self.hidden = hidden
-        self.streaming = bool(body.get("stream"))
         self.chain = next((key for key in CHAIN_KEYS if body.get(key)), None)
-        self.rounds: list[Round] = []
-        self.first: dict[str, Any] | None = None  # the first round's response: the agent's response id and head
-        self.visible_output: list[dict[str, Any]] = []  # not streamed: the items the agent sees, in order
-        self.reader: ResponsesReader | None = None
-        self.relayed: list[tuple[int, dict[str, Any]]] = []  # streamed: (round, event) the writer has yet to send
         self._consumed = 0  # chained: how many neutral messages the upstream chain already holds
 
     @property
@@ -186,7 +181,7 @@ class ResponsesModel:
                     raise UpstreamError(response.status, await response.read(),
                                         response.headers.get("Content-Type", "application/json"))
                 if "text/event-stream" in response.headers.get("Content-Type", ""):
-                    async for event in self._read_stream(response):
+                    async for event in self.read_stream(response):
                         yield event
                 else:
                     for event in self._read_whole(await read_whole(response)):
@@ -203,31 +198,6 @@ class ResponsesModel:
         except aiohttp.ClientError as exc:
             raise UpstreamError.ours(502, f"cannot reach the model server: {exc}", "upstream_unreachable") from exc
 
-    async def _read_stream(self, response: aiohttp.ClientResponse) -> AsyncIterator[Visible | Round]:
-        reader = self.reader
-        events = EventSplitter(MAX_EVENT_BYTES)
-        async for data in response.content.iter_any():
-            texts = [text for event in events.feed(data) if (text := reader.feed(_event(event)))]
-            self.first = self.first or reader.response
-            if self._collect():
-                yield Visible(tuple({"content": text} for text in texts), _head(self.first))
-        last = events.rest()
-        if last:
-            reader.feed(_event(last))
-        found = reader.finish()
-        self._collect()
-        yield self._finished(found)
-
-    def _collect(self) -> bool:
-        """Move what the reader kept for the agent to the writer's queue; True when there was some."""
-        taken = self.reader.take() if self.reader else []
-        self.relayed.extend((len(self.rounds), event) for event in taken)
-        return bool(taken)
-
-    def take(self) -> list[tuple[int, dict[str, Any]]]:
-        taken, self.relayed = self.relayed, []
-        return taken
-
     def _read_whole(self, raw: bytes) -> list[Visible | Round]:
         try:
             response = orjson.loads(raw)
@@ -238,31 +208,4 @@ class ResponsesModel:
         if response.get("status") == "failed":
             raise UpstreamFailed(response.get("error") or {}, response)
         found = round_from_response(response, raw if not self.streaming else None)
-        self.first = self.first or response
-        shown = visible_items(found.message[ITEMS], self.hidden)
-        self.visible_output.extend(shown)
-        text = found.message.get("content")
-        return [*([Visible(({"content": text},), _head(self.first))] if text else []), self._finished(found)]
-
-    def _finished(self, found: Round) -> Round:
-        self.rounds.append(found)
-        return found
-
-
-def _event(data: bytes) -> dict[str, Any]:
-    """One SSE event's JSON (its `data:` lines; the `event:` line repeats the type), with its bytes (`RAW`):
-    an event the writer need not renumber goes to the agent as the server wrote it."""
-    lines = [line[5:].lstrip() for line in data.split(b"\n") if line.startswith(b"data:")]
-    try:
-        event = orjson.loads(b"\n".join(lines))
-    except orjson.JSONDecodeError as exc:
-        raise MalformedResponse(f"a stream event that is not JSON ({exc})") from exc
-    if not isinstance(event, dict):
-        raise MalformedResponse("a stream event that is not an object")
-    event[RAW] = data
-    return event
-
-
-def _head(response: dict[str, Any] | None) -> dict[str, Any]:
-    return {"id": (response or {}).get("id")}
-
+        return self.whole(found, response, visible_items(found.message[ITEMS], self.hidden))

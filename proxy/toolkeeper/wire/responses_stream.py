@@ -15,6 +15,7 @@ from typing import Any
 
 from toolkeeper.engine import Round
 from toolkeeper.wire.chat_stream import MalformedResponse
+from toolkeeper.wire.relay import HoldingReader
 from toolkeeper.wire.responses_items import CALL_TYPES, round_from_response
 
 TERMINAL = ("response.completed", "response.incomplete")
@@ -30,15 +31,16 @@ class UpstreamFailed(Exception):
         self.response = response
 
 
-class ResponsesReader:
+class ResponsesReader(HoldingReader):
     def __init__(self, hidden: set[str]):
-        self.hidden = hidden
+        super().__init__(hidden)
         self.response: dict[str, Any] | None = None  # from response.created
         self.final: dict[str, Any] | None = None  # from the terminal event
-        self.relay: list[dict[str, Any]] = []  # the agent's events, not yet taken
-        self._held: dict[int, list[dict[str, Any]]] = {}  # reasoning items' events, by output_index
-        self._dropped: set[int] = set()
         self._done: dict[int, dict[str, Any]] = {}  # finished items, by output_index
+
+    @property
+    def head(self) -> dict[str, Any] | None:
+        return self.response
 
     def feed(self, event: dict[str, Any]) -> str | None:
         """One event; the text it adds to a message the agent sees, if any."""
@@ -61,47 +63,26 @@ class ResponsesReader:
             self.relay.append(event)  # an event of the response as a whole (annotations, ...): kept
             return None
         if kind == "response.output_item.added":
-            self._item_starts(index, _object(event, "item"))
+            item = _object(event, "item")
+            self.starts(index, holds=item.get("type") == "reasoning",
+                        hidden=item.get("type") in CALL_TYPES and item.get("name") in self.hidden)
         if kind == "response.output_item.done":
             self._done[index] = _object(event, "item")
-        if index in self._dropped:
+        if not self.route(index, event):
             return None
-        if index in self._held:
-            self._held[index].append(event)
-            return None
-        self.relay.append(event)
         delta = event.get("delta")
         return delta if kind == "response.output_text.delta" and isinstance(delta, str) else None
-
-    def _item_starts(self, index: int, item: dict[str, Any]) -> None:
-        if item.get("type") == "reasoning":
-            self._held[index] = []
-            return
-        hidden = item.get("type") in CALL_TYPES and item.get("name") in self.hidden
-        for held in sorted(self._held):
-            if hidden:
-                self._dropped.add(held)
-            else:
-                self.relay.extend(self._held[held])
-        self._held.clear()
-        if hidden:
-            self._dropped.add(index)
 
     def finish(self) -> Round:
         """The Round, once the stream ended: from the terminal event's response, or the finished items."""
         if self.final is None:
             raise MalformedResponse("the stream ended before response.completed")
-        self._dropped.update(self._held)  # a reasoning item with nothing after it stays hidden
-        self._held.clear()
+        self.settle()
         final = dict(self.final)
         if not final.get("output"):
             final["output"] = [self._done[i] for i in sorted(self._done)]
         final.setdefault("id", (self.response or {}).get("id"))
         return round_from_response(final)
-
-    def take(self) -> list[dict[str, Any]]:
-        taken, self.relay = self.relay, []
-        return taken
 
 
 def _object(event: dict[str, Any], key: str) -> dict[str, Any]:

@@ -19,10 +19,9 @@ from aiohttp import web
 
 from toolkeeper.engine import TurnResult, Visible
 from toolkeeper.wire.agentapi import TurnWriter, error_response
+from toolkeeper.wire.relay import RAW
 from toolkeeper.wire.responses_items import said_item
 from toolkeeper.wire.upstream import UpstreamError
-
-RAW = "_raw"  # an upstream event's own bytes, kept beside its parsed fields
 
 
 class ResponsesModel(Protocol):
