@@ -196,3 +196,13 @@ def test_a_user_message_resent_as_a_string_still_finds_its_history(scripted, tk)
                              {"role": "user", "content": "and?"}])
     sent = scripted.bodies()[0]["messages"]
     assert any(b.get("type") == "tool_use" for m in sent if isinstance(m["content"], list) for b in m["content"])
+
+
+def test_a_web_page_is_refused_in_anthropics_shape(tk):
+    from test_hardening import post
+
+    body = {"model": "c", "max_tokens": 5, "messages": question()}
+    response, data = post(tk, "/v1/messages", json.dumps(body).encode(),
+                          {"Content-Type": "application/json", "Origin": "http://evil.example"})
+    error = json.loads(data)
+    assert response.status == 403 and error["type"] == "error" and error["error"]["type"] == "permission_error"
