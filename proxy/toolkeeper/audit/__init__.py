@@ -5,9 +5,10 @@ It imports nothing of the other layers: the engine hands it an
 """
 
 from toolkeeper.audit.databases import open_audit, without_password
+from toolkeeper.audit.events import AuditError, DamagedTrail
 from toolkeeper.audit.record import STATUSES, AuditEntry, CallStatus, ExecutionRecord, Observer
 from toolkeeper.audit.redaction import DEFAULT_PATTERNS, REDACTED, Redactor
-from toolkeeper.audit.trail import AuditError, DamagedTrail, SQLAudit
+from toolkeeper.audit.trail import SQLAudit
 
 __all__ = [
     "DEFAULT_PATTERNS",

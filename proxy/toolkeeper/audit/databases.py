@@ -21,8 +21,9 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from toolkeeper.audit.events import AuditError
 from toolkeeper.audit.redaction import Redactor
-from toolkeeper.audit.trail import SCHEMA, WRITE_WAIT, AuditError, SQLAudit
+from toolkeeper.audit.trail import SCHEMA, WRITE_WAIT, SQLAudit
 
 CONNECT_WAIT = 2
 SCHEMA_LOCK = 7335002  # an advisory lock: replicas starting together create the schema one at a time

@@ -17,8 +17,10 @@ from typing import Any, Literal, Protocol, get_args
 from pydantic import BaseModel, Field
 
 # The outcome of a call: it ran (ok, failed, timeout), never ran (invalid, denied), its agent left while it ran
-# (cancelled), or toolkeeper stopped while it ran (interrupted); and "running" while it has not completed.
-CallStatus = Literal["ok", "failed", "invalid", "denied", "timeout", "cancelled", "interrupted"]
+# (cancelled), or toolkeeper stopped while it ran (interrupted); an agent's own call handed to it (forwarded),
+# whose result never came back (unanswered); and "running" while a declared call has not completed.
+CallStatus = Literal["ok", "failed", "invalid", "denied", "timeout", "cancelled", "interrupted", "forwarded",
+                     "unanswered"]
 EntryStatus = Literal[CallStatus, "running"]
 STATUSES: tuple[str, ...] = get_args(EntryStatus)
 
@@ -39,6 +41,7 @@ class ExecutionRecord(BaseModel):
     request_id: str = _in("decided", "")
     agent: str = _in("decided", "")  # the agent's listed name, or a short hash of its credentials; never the key
     api: str = _in("decided", "chat")  # the API the agent spoke: chat | responses | messages
+    source: str = _in("decided", "declared")  # declared (toolkeeper ran it) | agent (one of the agent's own tools)
     tool: str = _in("decided", "")
     runner: str = _in("decided", "")
     call_id: str = _in("decided", "")

@@ -39,15 +39,21 @@ import asyncio
 import contextlib
 import csv
 import io
-import os
 import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
-import orjson
-
+from toolkeeper.audit.events import (
+    INDEXED_FIELDS,
+    UNHASHED,
+    AuditError,
+    alive,
+    entry_of,
+    event_body,
+    hashed_columns,
+)
 from toolkeeper.audit.record import AuditEntry, ExecutionRecord
 from toolkeeper.audit.redaction import Redactor
 from toolkeeper.common import canonical_json, sha256_hex
@@ -55,8 +61,6 @@ from toolkeeper.common import canonical_json, sha256_hex
 GENESIS = "0" * 64
 DECIDED_FIELDS = ExecutionRecord.fields_of("decided")
 COMPLETED_FIELDS = ExecutionRecord.fields_of("completed")
-# In every event, and in its columns: what filters read.
-INDEXED_FIELDS = ("record_id", "kind", "time", "tool", "agent", "status")
 EXCERPT_BYTES = 1024
 # How long a call waits for the audit database (another writer holding it,
 # a database that does not answer) before it is refused: the call is held up,
@@ -64,14 +68,14 @@ EXCERPT_BYTES = 1024
 WRITE_WAIT = 2.0
 HOST = socket.gethostname()
 
-Kind = Literal["decided", "completed", "refused"]
+Kind = Literal["decided", "completed", "refused", "forwarded"]
 
 # One schema, two dialects: the column types are the only difference.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit_events (
     seq {serial},
     record_id TEXT NOT NULL,
-    kind TEXT NOT NULL,            -- decided | completed | refused
+    kind TEXT NOT NULL,            -- decided | completed | refused | forwarded
     time {real} NOT NULL,
     tool TEXT NOT NULL,
     agent TEXT NOT NULL,
@@ -85,10 +89,6 @@ CREATE INDEX IF NOT EXISTS audit_time ON audit_events (time);
 """
 # The last event of each call: its current state.
 LAST_EVENTS = "seq IN (SELECT MAX(seq) FROM audit_events GROUP BY record_id)"
-
-
-class AuditError(Exception):
-    """A record could not be written (or read): the call it describes must not run."""
 
 
 def chain_hash(prev_hash: str, body: bytes) -> str:
@@ -156,10 +156,15 @@ class SQLAudit:
     def refused(self, record: ExecutionRecord) -> None:
         self._append("refused", record, DECIDED_FIELDS + COMPLETED_FIELDS)
 
+    def forwarded(self, record: ExecutionRecord) -> None:
+        """An agent's own call, allowed and handed to it; `completed` follows when its result comes back."""
+        self._append("forwarded", record, DECIDED_FIELDS, status="forwarded")
+
     async def write(self, kind: Kind, record: ExecutionRecord) -> None:
         """From the event loop: a local SQLite write is quicker than a hop to a thread; a remote one runs in a
         thread, and one that has not finished within WRITE_WAIT is given up (AuditError)."""
-        append = {"decided": self.decided, "completed": self.completed, "refused": self.refused}[kind]
+        append = {"decided": self.decided, "completed": self.completed, "refused": self.refused,
+                  "forwarded": self.forwarded}[kind]
         if not self.remote:
             append(record)
             return
@@ -229,8 +234,8 @@ class SQLAudit:
         rows = self._query(f"SELECT body FROM audit_events WHERE kind = 'decided' AND {LAST_EVENTS}")  # noqa: S608
         closed = 0
         for (body,) in rows:
-            record = ExecutionRecord.model_validate({**_body(body), "status": "interrupted"})
-            if record.host == HOST and _alive(record.pid):
+            record = ExecutionRecord.model_validate({**event_body(body), "status": "interrupted"})
+            if record.host == HOST and alive(record.pid):
                 continue
             if record.host not in ("", HOST):
                 continue  # another machine's replica: only it can tell
@@ -249,7 +254,7 @@ class SQLAudit:
 
     def events(self, *, after_seq: int = 0) -> list[dict[str, Any]]:
         rows = self._query("SELECT seq, body FROM audit_events WHERE seq > ? ORDER BY seq", (after_seq,))
-        return [{"seq": seq, **_body(body)} for seq, body in rows]
+        return [{"seq": seq, **event_body(body)} for seq, body in rows]
 
     def _filtered(self, filters: dict[str, Any]) -> tuple[str, list[Any]]:
         """The WHERE clause choosing calls by their current state (the last event of each)."""
@@ -263,8 +268,13 @@ class SQLAudit:
             params.append(filters["since"])
         return " AND ".join(where), params
 
-    def records(self, *, limit: int | None = None, **filters: Any) -> list[AuditEntry]:
-        """One entry per call, its events merged, oldest first; `limit`: only the newest that many."""
+    def records(self, *, limit: int | None = None, source: str | None = None, **filters: Any) -> list[AuditEntry]:
+        """One entry per call, its events merged, oldest first; `limit`: only the newest that many; `source`:
+        declared calls, or the agent's own."""
+        entries = self._records(limit, filters)
+        return [entry for entry in entries if entry.source == source] if source else entries
+
+    def _records(self, limit: int | None, filters: dict[str, Any]) -> list[AuditEntry]:
         where, params = self._filtered(filters)
         query = f"SELECT record_id FROM audit_events WHERE {where} ORDER BY seq DESC"  # noqa: S608
         if limit is not None:
@@ -276,9 +286,9 @@ class SQLAudit:
             marks = ",".join("?" * len(batch))
             for seq, body in self._query(f"SELECT seq, body FROM audit_events WHERE record_id IN ({marks}) "  # noqa: S608
                                          "ORDER BY seq", batch):
-                parsed = _body(body)
+                parsed = event_body(body)
                 merged[parsed["record_id"]].update(parsed, seq=seq)
-        return [_entry(row) for row in merged.values()]
+        return [entry_of(row) for row in merged.values()]
 
     def count(self, **filters: Any) -> int:
         where, params = self._filtered(filters)
@@ -293,8 +303,8 @@ class SQLAudit:
             return None
         merged: dict[str, Any] = {}
         for seq, body in rows:
-            merged.update(_body(body), seq=seq)
-        return _entry(merged)
+            merged.update(event_body(body), seq=seq)
+        return entry_of(merged)
 
     def verify(self, expect_head: str | None = None) -> tuple[bool, str]:
         """Walk the chain from the start, each event's columns against its hashed body: (intact, what was found).
@@ -310,9 +320,9 @@ class SQLAudit:
                 return False, f"event {seq} (record {columns[0]}) does not follow the event before it"
             if chain_hash(prev_hash, body) != stored:
                 return False, f"event {seq} (record {columns[0]}) was altered: its content does not match its hash"
-            hashed = _hashed_columns(body)
+            hashed = hashed_columns(body)
             for name, column, value in zip(INDEXED_FIELDS, columns, hashed, strict=True):
-                if value is not _UNHASHED and column != value:
+                if value is not UNHASHED and column != value:
                     return False, (f"event {seq} (record {columns[0]}) was altered: its {name} column says "
                                    f"{column!r}, its hashed content {value!r}")
             prev = stored
@@ -346,51 +356,3 @@ class SQLAudit:
     def close(self) -> None:
         with contextlib.suppress(AuditError), self._locked(), contextlib.suppress(*self.failure):
             self.connection().close()
-
-
-class DamagedTrail(AuditError):
-    """An event that cannot be read back: someone wrote into the trail by hand."""
-
-
-def _body(body: Any) -> dict[str, Any]:
-    try:
-        parsed = orjson.loads(bytes(body) if not isinstance(body, str) else body.encode())
-    except orjson.JSONDecodeError as exc:
-        raise DamagedTrail(f"an event is not valid JSON ({exc}): the trail was altered; run `toolkeeper audit "
-                           "verify`") from exc
-    if not isinstance(parsed, dict) or "record_id" not in parsed:
-        raise DamagedTrail("an event is not a record: the trail was altered; run `toolkeeper audit verify`")
-    return parsed
-
-
-def _entry(merged: dict[str, Any]) -> AuditEntry:
-    try:
-        return AuditEntry.model_validate(merged)
-    except ValueError as exc:
-        raise DamagedTrail(f"record {merged.get('record_id')} cannot be read ({str(exc).splitlines()[0]}): the "
-                           "trail was altered; run `toolkeeper audit verify`") from exc
-
-
-_UNHASHED = object()  # a column an event of an earlier version did not repeat in its body
-
-
-def _hashed_columns(body: bytes) -> tuple[Any, ...]:
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return (None,) * len(INDEXED_FIELDS)
-    if not isinstance(parsed, dict):
-        return (None,) * len(INDEXED_FIELDS)
-    return tuple(parsed.get(name, _UNHASHED) for name in INDEXED_FIELDS)
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid != os.getpid()  # a process that wrote it and is this one: a pid reused since

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from toolkeeper.audit import AuditError, CallStatus, ExecutionRecord, Observer, Redactor, SQLAudit
-from toolkeeper.common import canonical_json, digest, printable
+from toolkeeper.common import canonical_json, digest, printable, sha256_hex
 from toolkeeper.engine.store import Store
 from toolkeeper.engine.types import ToolCall, TurnContext
 from toolkeeper.policy import Consent, ConsentRequest, Decision, Policy, arguments_hash, policy_input
@@ -83,13 +83,14 @@ Step = Callable[[_Call], Awaitable[Outcome | None]]
 class CallHandler:
     def __init__(self, *, runners: Mapping[str, Runner], consent: Consent, policy: Policy,
                  store: Store | None = None, observers: Iterable[Observer] = (), retry_window: float = RETRY_WINDOW,
-                 audit: SQLAudit | None = None):
+                 audit: SQLAudit | None = None, forwarded_ttl: float = 24 * 3600):
         self.runners = runners  # by the tool's runner: "argv", "wasm"
         self.consent = consent
         self.policy = policy
         self.store = store
         self.observers = list(observers)
         self.retry_window = retry_window
+        self.forwarded_ttl = forwarded_ttl  # how long a forwarded call waits for its result to be recorded
         self.audit = audit
         self.redactor = audit.redactor if audit is not None else Redactor()
         self._running: dict[str, asyncio.Future[tuple[str, CallStatus]]] = {}
@@ -239,6 +240,68 @@ class CallHandler:
                                        self.retry_window)
         return Outcome(answer, ran=True, detail=detail)
 
+    # -- the agent's own calls ----------------------------------------------------------
+
+    async def govern(self, call: ToolCall, context: CallContext) -> str | None:
+        """One of the agent's own calls, under the same rules and consent: None when it may go to the agent
+        (recorded `forwarded`), else the answer the model gets in its place (recorded `denied`)."""
+        turn = context.turn
+        arguments, _ = parse_arguments(call.arguments)
+        record = ExecutionRecord(request_id=turn.request_id, agent=turn.agent, api=turn.api, tool=call.name,
+                                 runner="", call_id=call.id, arguments_sent=call.arguments, arguments=arguments,
+                                 source="agent", status="denied", policy_revision=self.policy.revision)
+        state = _Call(call, None, context, record, False, values=arguments or {})  # type: ignore[arg-type]
+        document = policy_input(call.name, arguments if arguments is not None else call.arguments_text, None,
+                                agent_id=turn.agent, agent_header=turn.agent_header, request_id=turn.request_id,
+                                yolo=self.policy.yolo, interactive=self.consent.can_ask)
+        record.policy_input = document
+        decision = await self.policy.decide(document)
+        record.decided_by(decision)
+        if decision.effect == "ask":
+            record.decided_by(await self._ask(state, decision))
+        if record.decision == "allow":
+            record.status = "forwarded"
+            await self._write_forwarded(record, turn)
+            return None
+        record.answer = (f"Not run: {call.name} was not allowed ({record.decision_reason}). Do not call it again "
+                         "unless the user asks you to; tell the user it was not allowed.")
+        await self._close(record, Outcome(record.answer))
+        return record.answer
+
+    async def _write_forwarded(self, record: ExecutionRecord, turn: TurnContext) -> None:
+        if self.audit is not None:
+            try:
+                await self.audit.write("forwarded", record)
+            except AuditError as exc:
+                log.error("the audit trail lost the forwarding of %s: %s", record.tool, exc)
+        if self.store is not None:
+            self.store.put_link(digest(turn.tenant, "forwarded", record.call_id), record.model_dump(mode="json"),
+                                self.forwarded_ttl)
+        for observer in self.observers:
+            observer(record)
+
+    async def collect(self, turn: TurnContext, messages: list[dict[str, Any]]) -> None:
+        """The results the agent sends back for its forwarded calls complete their records."""
+        if self.store is None or self.audit is None:
+            return
+        for message in messages:
+            if not isinstance(message, dict) or message.get("role") != "tool":
+                continue
+            key = digest(turn.tenant, "forwarded", str(message.get("tool_call_id")))
+            stored = self.store.get_link(key)
+            if stored is None:
+                continue
+            self.store.put_link(key, stored, -1)  # taken: a replayed history completes nothing twice
+            record = ExecutionRecord.model_validate(stored)
+            output = message.get("content")
+            text = output if isinstance(output, str) else canonical_json(output).decode()
+            record.status, record.answer = "ok", text
+            record.output_bytes, record.output_sha256 = len(text.encode()), sha256_hex(text.encode())
+            try:
+                await self.audit.write("completed", record)
+            except AuditError as exc:
+                log.error("the audit trail lost the result of %s: %s", record.tool, exc)
+
     # -- helpers ----------------------------------------------------------------------
 
     def _closed_early(self, record: ExecutionRecord, exc: BaseException) -> None:
@@ -272,11 +335,11 @@ class CallHandler:
         started = time.monotonic()
         turn = state.context.turn
         arguments, argv = self.redactor.shown(state.values, state.argv)  # what a person and the log may see
-        request = ConsentRequest(state.name, arguments, argv, turn.agent, args_hash=arguments_hash(state.values),
+        request = ConsentRequest(state.record.tool, arguments, argv, turn.agent, args_hash=arguments_hash(state.values),
                                  reason=asking.reason, rule=asking.rule_id, source=asking.source,
                                  agent_header=turn.agent_header)
         answer = await self.consent.ask(request)
-        log.info("consent for %s: %s by %s in %.1f s", state.name, "yes" if answer.allowed else "no",
+        log.info("consent for %s: %s by %s in %.1f s", state.record.tool, "yes" if answer.allowed else "no",
                  printable(answer.approver), time.monotonic() - started)
         state.record.consent = "always" if answer.always else "approved" if answer.allowed else "denied"
         state.record.approver = answer.approver

@@ -34,6 +34,16 @@ MAX_ROUNDS = 16
 
 
 @dataclass
+class _Answered:
+    """What a round's calls came to: the results toolkeeper gives the model, the closing words when a call
+    ended the turn, and the agent's own calls that go to it."""
+
+    results: list[dict[str, Any]]
+    ending: str
+    own: list[ToolCall]
+
+
+@dataclass
 class _Turn:
     """What one agent turn accumulates across rounds."""
 
@@ -138,6 +148,7 @@ class Engine:
         context = context or TurnContext()
         active = self.active_tools(request)
         agent_messages = list(request.get("messages") or [])
+        await self.calls.collect(context, _trailing_results(agent_messages))
         messages = self.history.restore(context.tenant, agent_messages) if self.history else agent_messages
         agent_tools = list(request.get("tools") or [])
         discovery = Discovery(self.index, active, {tool_name(t) for t in agent_tools}, messages)
@@ -161,21 +172,16 @@ class Engine:
                     yield event
             if last is None:
                 raise RuntimeError("the model adapter ended a round without a result")
-            declared = [call for call in last.tool_calls if call.name in discovery.hidden_names]
-            own = [call for call in last.tool_calls if call.name not in discovery.hidden_names]
-            if not declared:
+            answered = _Answered([], "", [])
+            async for event in self._answer(last, turn, discovery, active, offered):
+                if isinstance(event, _Answered):
+                    answered = event
+                else:
+                    yield event
+            results, ending, own = answered.results, answered.ending, answered.own
+            if not results:  # nothing to answer here: the round goes to the agent as it is
                 yield self._finish(turn, last, own)
                 return
-
-            results, ending = [], ""
-            for call in declared:
-                answer = discovery.answer(call, offered)
-                if answer is None:
-                    yield Working(call.name)
-                    outcome = await self.calls.handle(call, active[call.name], turn.calls,
-                                                      truncated=last.finish_reason == "length")
-                    answer, ending = outcome.answer, ending or outcome.ends_turn
-                results.append({"role": "tool", "tool_call_id": call.id, "content": answer})
             turn.hide(last, results)
             if ending:
                 yield turn.say(ending)
@@ -191,6 +197,31 @@ class Engine:
                   "rounds without an answer.")
         yield turn.say(notice)
         yield self._finish(turn, last, [], said=notice)  # type: ignore[arg-type]
+
+    async def _answer(self, last: Round, turn: _Turn, discovery: Discovery, active: dict[str, DeclaredTool],
+                      offered: list[str]) -> AsyncIterator[Working | _Answered]:
+        """Answer the round's calls that are toolkeeper's to answer: the declared ones (run), and the agent's
+        own that the rules deny; then say which of the agent's own calls go to it."""
+        answers: dict[str, str] = {}
+        ending = ""
+        for call in last.tool_calls:
+            if call.name in discovery.hidden_names:
+                answer = discovery.answer(call, offered)
+                if answer is None:
+                    yield Working(call.name)
+                    outcome = await self.calls.handle(call, active[call.name], turn.calls,
+                                                      truncated=last.finish_reason == "length")
+                    answer, ending = outcome.answer, ending or outcome.ends_turn
+                answers[call.id] = answer
+            else:  # the agent's own call, under the same rules
+                if self.calls.policy.governs_agents:
+                    yield Working(call.name)  # an approver may be asked: keep the agent's connection alive
+                refusal = await self.calls.govern(call, turn.calls)
+                if refusal is not None:
+                    answers[call.id] = refusal
+        results = [{"role": "tool", "tool_call_id": c.id, "content": answers[c.id]} for c in last.tool_calls
+                   if c.id in answers]
+        yield _Answered(results, ending, [c for c in last.tool_calls if c.id not in answers])
 
     async def _round(self, model: Model, body: dict[str, Any], turn: _Turn) -> AsyncIterator[Visible | Round]:
         """One model round: its visible pieces as they come, then the Round, counted."""
@@ -222,6 +253,17 @@ def tool_name(tool: Any) -> str | None:
             return function.get("name")
         return tool.get("name")
     return None
+
+
+def _trailing_results(messages: list[Any]) -> list[dict[str, Any]]:
+    """The tool results after the last assistant message: the ones a forwarded call may be waiting for."""
+    tail = []
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            break
+        if isinstance(message, dict) and message.get("role") == "tool":
+            tail.append(message)
+    return tail[::-1]
 
 
 def _forces_a_call(tool_choice: Any, active: dict[str, DeclaredTool]) -> bool:

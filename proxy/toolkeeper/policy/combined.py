@@ -29,14 +29,19 @@ if TYPE_CHECKING:
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
-def policy_input(tool: DeclaredTool, arguments: dict[str, Any], argv: list[str], *, agent_id: str = "",
+def policy_input(tool: DeclaredTool | str, arguments: Any, argv: list[str] | None, *, agent_id: str = "",
                  agent_header: str | None = None, request_id: str = "", yolo: bool = False,
                  interactive: bool = False, now: datetime | None = None) -> dict[str, Any]:
-    """The one document every policy source reads."""
+    """The one document every policy source reads. `tool`: a declared tool, or the name of one of the agent's
+    own (`tool.source: agent`: its arguments as sent, no argv, no tier)."""
     now = now or datetime.now().astimezone()
+    if isinstance(tool, str):
+        described = {"name": tool, "source": "agent", "tier": None, "runner": None, "visibility": None}
+    else:
+        described = {"name": tool.name, "source": "declared", "tier": tool.spec.tier, "runner": tool.spec.runner,
+                     "visibility": tool.spec.visibility}
     return {
-        "tool": {"name": tool.name, "tier": tool.spec.tier, "runner": tool.spec.runner,
-                 "visibility": tool.spec.visibility},
+        "tool": described,
         "arguments": arguments,
         "argv": argv,
         "agent": {"id": agent_id, "header": agent_header},
@@ -47,6 +52,8 @@ def policy_input(tool: DeclaredTool, arguments: dict[str, Any], argv: list[str],
 
 
 def tier_decision(document: dict[str, Any]) -> Decision:
+    if document["tool"].get("source") == "agent":  # the agent's own: its own consent, unless a rule says otherwise
+        return Decision("allow", "default", "no rule matched this call of the agent's own tool")
     if document["tool"]["tier"] == "silent":
         return Decision("allow", "tier", "silent tools never ask")
     if document["mode"]["yolo"]:
@@ -59,6 +66,11 @@ class Policy:
         self.yolo = yolo
         self.rules = rules
         self.opa = opa
+
+    @property
+    def governs_agents(self) -> bool:
+        """Rules or OPA may decide on the agent's own calls (without them, every such call is allowed)."""
+        return self.rules is not None or self.opa is not None
 
     @property
     def revision(self) -> str | None:

@@ -133,6 +133,7 @@ def _globs(value: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
 
 class When(Strict):
     tool: str | tuple[str, ...] | None = None
+    source: Literal["declared", "agent"] | None = None  # a declared tool, or one of the agent's own
     runner: Literal["argv", "wasm"] | None = None
     tier: Literal["gated", "silent"] | None = None
     argv: ArgvTest | None = None
@@ -145,6 +146,8 @@ class When(Strict):
         globs = _globs(self.tool)
         if globs is not None and not any(fnmatch.fnmatchcase(tool["name"], glob) for glob in globs):
             return False
+        if self.source is not None and tool.get("source", "declared") != self.source:
+            return False
         if self.runner is not None and tool["runner"] != self.runner:
             return False
         if self.tier is not None and tool["tier"] != self.tier:
@@ -153,11 +156,22 @@ class When(Strict):
             return False
         arguments = document.get("arguments") or {}
         for name, test in self.arguments.items():
-            if not test.holds(arguments.get(name), name in arguments):
+            present, value = _dotted(arguments, name)
+            if not test.holds(value, present):
                 return False
         if self.agent is not None and not self.agent.holds(document.get("agent") or {}):
             return False
         return self.time is None or self.time.holds(document.get("request") or {})
+
+
+def _dotted(arguments: Any, path: str) -> tuple[bool, Any]:
+    """A value by its dotted path (`input.path`): (present, value)."""
+    value = arguments
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
 
 
 class Rule(Strict):
@@ -200,16 +214,19 @@ class Rules:
             return [f"{self.path}: no rules: only yolo and the tiers decide"]
         found = []
         for rule in self.rules:
+            if rule.when.source == "agent":
+                continue  # the agent's own tools: not in the agent file
             globs = _globs(rule.when.tool)
             tools = [t for t in agent.tools.values() if globs is None or any(fnmatch.fnmatchcase(t.name, g)
                                                                              for g in globs)]
             if globs is not None and not tools:
                 found.append(f"{self.path}: rule {rule.id!r} names tool {', '.join(globs)}, which {agent.path.name} "
-                             "does not declare: it matches no declared call")
+                             "does not declare: it matches only an agent's own tool of that name (say `source: "
+                             "agent` if that is what it is for)")
                 continue
             known = {name for tool in tools for name in tool.spec.parameters}
             for name in rule.when.arguments:
-                if name not in known:
+                if name.split(".")[0] not in known:
                     found.append(f"{self.path}: rule {rule.id!r} tests argument {name!r}, which no tool it names "
                                  "declares")
         return found
