@@ -42,6 +42,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("--tool")
         sub.add_argument("--status", choices=STATUSES)
         sub.add_argument("--agent")
+        sub.add_argument("--source", choices=["declared", "agent"],
+                         help="declared calls (toolkeeper ran them), or the agent's own (passed on or refused)")
     export.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
     audit_commands.add_parser("show", parents=[trail], help="one execution in full").add_argument("id")
     audit_commands.add_parser("tail", parents=[trail], help="follow new records as they are written")
@@ -56,7 +58,8 @@ def line(record: AuditEntry) -> str:
     decided = record.decision or "-"
     by = record.decision_rule or record.decision_source or "-"
     duration = f"{record.duration_ms:.1f} ms"
-    return printable(f"{record.record_id}  {when}  {record.status:<8} {record.tool:<16} "
+    tool = record.tool if record.source == "declared" else f"{record.tool} (agent)"
+    return printable(f"{record.record_id}  {when}  {record.status:<9} {tool:<16} "
                      f"{decided}/{by:<22} {duration:>10}  agent {record.agent}")
 
 
@@ -107,7 +110,8 @@ def tail(audit: SQLAudit, args: argparse.Namespace) -> int:
 
 
 def _filters(args: argparse.Namespace) -> dict:
-    return {"since": since(args.since), "tool": args.tool, "status": args.status, "agent": args.agent}
+    return {"since": since(args.since), "tool": args.tool, "status": args.status, "agent": args.agent,
+            "source": args.source}
 
 
 def export(audit: SQLAudit, args: argparse.Namespace) -> int:

@@ -6,6 +6,8 @@
 A call is described as the model would make it (tool and arguments); the tool's
 declaration in the agent file gives its tier, its runner and its argv, exactly
 as `serve` would build them, so a scenario exercises the real policy input.
+A call with `source: agent` is one of the agent's own tools (Claude Code's
+Bash, Codex's exec_command): not in the agent file, its arguments as sent.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -38,6 +40,7 @@ from toolkeeper.tools import Agent, AgentFileError, RenderError, check_arguments
 class Call(Strict):
     tool: str
     arguments: dict[str, Any] = Field(default_factory=dict)
+    source: Literal["declared", "agent"] = "declared"  # agent: one of the agent's own tools
 
 
 class Scenario(Strict):
@@ -74,6 +77,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     explain.add_argument("--at", type=datetime.fromisoformat, help="the time of the call (ISO 8601)")
     explain.add_argument("--agent-id", default="")
     explain.add_argument("--agent-header")
+    explain.add_argument("--source", choices=["declared", "agent"], default="declared",
+                         help="agent: TOOL is one of the agent's own (Bash, exec_command), not in the agent file")
     explain.add_argument("--opa-url", help="ask this OPA server (instead of the YAML rules)")
     explain.add_argument("--opa-path", default=DEFAULT_PATH)
 
@@ -84,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             return run_tests(args.scenarios, opa_url=args.opa_url, opa_path=args.opa_path)
         return explain(args.agent_file, args.tool, args.arguments, policy=args.policy, yolo=args.yolo, at=args.at,
                        agent_id=args.agent_id, agent_header=args.agent_header, opa_url=args.opa_url,
-                       opa_path=args.opa_path)
+                       opa_path=args.opa_path, source=args.source)
     except (AgentFileError, RulesError, ValueError) as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
@@ -94,9 +99,15 @@ async def evaluate(agent: Agent, rules: Rules | None, call: Call, *, yolo: bool 
                    interactive: bool = True, at: datetime | None = None, agent_id: str = "",
                    agent_header: str | None = None, opa: OpaPolicy | None = None) -> tuple[dict[str, Any], Decision]:
     """The policy input `serve` would build for this call, and the decision."""
+    yolo = agent.config.yolo if yolo is None else yolo
+    if call.source == "agent":
+        document = policy_input(call.tool, call.arguments, None, agent_id=agent_id, agent_header=agent_header,
+                                yolo=yolo, interactive=interactive, now=at)
+        return document, await Policy(yolo, rules, opa).decide(document)
     tool = agent.tools.get(call.tool)
     if tool is None:
-        raise RulesError(f"{call.tool!r} is not a tool of {agent.path} (its tools: {', '.join(agent.tools)})")
+        raise RulesError(f"{call.tool!r} is not a tool of {agent.path} (its tools: {', '.join(agent.tools)}); "
+                         "one of the agent's own tools is described with `source: agent`")
     checked = check_arguments(tool.spec, call.arguments)
     if not checked.ok:
         raise RulesError(f"the call to {call.tool} is invalid, so no policy would see it: "
@@ -105,7 +116,6 @@ async def evaluate(agent: Agent, rules: Rules | None, call: Call, *, yolo: bool 
         argv = tool.template.render(checked.values)
     except RenderError as exc:
         raise RulesError(f"the call to {call.tool} is invalid: {exc}") from None
-    yolo = agent.config.yolo if yolo is None else yolo
     document = policy_input(tool, checked.values, argv, agent_id=agent_id, agent_header=agent_header,
                             yolo=yolo, interactive=interactive, now=at)
     return document, await Policy(yolo, rules, opa).decide(document)
@@ -167,7 +177,7 @@ async def _run_tests(path: str | Path, opa_url: str | None, opa_path: str) -> in
 
 def explain(agent_file: str, tool: str, pairs: list[str], *, policy: str | None = None, yolo: bool | None = None,
             at: datetime | None = None, agent_id: str = "", agent_header: str | None = None,
-            opa_url: str | None = None, opa_path: str = DEFAULT_PATH) -> int:
+            opa_url: str | None = None, opa_path: str = DEFAULT_PATH, source: str = "declared") -> int:
     """Show the policy input of one call, which rules match it, and what decides."""
     arguments = {}
     for pair in pairs:
@@ -182,7 +192,7 @@ def explain(agent_file: str, tool: str, pairs: list[str], *, policy: str | None 
 
     async def run() -> tuple[dict[str, Any], Decision]:
         try:
-            return await evaluate(agent, rules, Call(tool=tool, arguments=arguments), yolo=yolo, at=at,
+            return await evaluate(agent, rules, Call(tool=tool, arguments=arguments, source=source), yolo=yolo, at=at,
                                   agent_id=agent_id, agent_header=agent_header, opa=opa)
         finally:
             if opa is not None:

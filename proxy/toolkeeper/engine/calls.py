@@ -261,24 +261,30 @@ class CallHandler:
             record.decided_by(await self._ask(state, decision))
         if record.decision == "allow":
             record.status = "forwarded"
-            await self._write_forwarded(record, turn)
-            return None
+            if await self._write_forwarded(record, turn):
+                return None
+            record.status, record.decision = "denied", "deny"  # no record, no call: as for a declared tool
+            record.answer = (f"Not run: {call.name} could not be recorded in the audit trail, so it was not "
+                             "passed on. Tell the user; it may work again later.")
+            return record.answer
         record.answer = (f"Not run: {call.name} was not allowed ({record.decision_reason}). Do not call it again "
                          "unless the user asks you to; tell the user it was not allowed.")
         await self._close(record, Outcome(record.answer))
         return record.answer
 
-    async def _write_forwarded(self, record: ExecutionRecord, turn: TurnContext) -> None:
+    async def _write_forwarded(self, record: ExecutionRecord, turn: TurnContext) -> bool:
         if self.audit is not None:
             try:
                 await self.audit.write("forwarded", record)
             except AuditError as exc:
-                log.error("the audit trail lost the forwarding of %s: %s", record.tool, exc)
+                log.error("the audit trail could not record the agent's call of %s: %s", record.tool, exc)
+                return False
         if self.store is not None:
             self.store.put_link(digest(turn.tenant, "forwarded", record.call_id), record.model_dump(mode="json"),
                                 self.forwarded_ttl)
         for observer in self.observers:
             observer(record)
+        return True
 
     async def collect(self, turn: TurnContext, messages: list[dict[str, Any]]) -> None:
         """The results the agent sends back for its forwarded calls complete their records."""

@@ -89,7 +89,8 @@ class MessagesAPI(AgentAPI):
             return result
         if result.passthrough and not model.hidden:
             return web.Response(body=result.last.raw, content_type="application/json")
-        return web.Response(body=dumps(final_message(model, result, model.visible_output)),
+        shown = visible_blocks(model.visible_output, set(), {call.id for call in result.tool_calls})
+        return web.Response(body=dumps(final_message(model, result, shown)),
                             content_type="application/json")
 
 
@@ -186,13 +187,13 @@ class MessagesWriter(TurnWriter):
     def _event(self, event: dict[str, Any]) -> bytes:
         return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
-    async def _flush(self) -> None:
+    async def _flush(self, events: list[tuple[int, dict[str, Any]]] | None = None) -> None:
         parts = []
         if not self.started and self.model.first is not None:
             self.started = True
             first = {**self.model.first, "content": [], "stop_reason": None, "stop_sequence": None}
             parts.append(self._event({"type": "message_start", "message": first}))
-        for round_number, event in self.model.take():
+        for round_number, event in self.model.take() if events is None else events:
             raw = event.pop(RAW, None)
             index = self.indexes.setdefault((round_number, event["index"]), len(self.indexes))
             if raw is not None and index == event["index"]:
@@ -204,6 +205,7 @@ class MessagesWriter(TurnWriter):
 
     async def finish(self, result: TurnResult) -> None:
         await self._flush()
+        await self._flush(self.model.allowed_calls({call.id for call in result.tool_calls}))
         parts = []
         if result.said:
             index = len(self.indexes)

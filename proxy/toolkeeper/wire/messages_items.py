@@ -105,15 +105,18 @@ def round_from_message(message: dict[str, Any], raw: bytes | None = None) -> Rou
     return Round(head, {"content": text, BLOCKS: blocks}, calls, finish, message.get("usage"), raw=raw)
 
 
-def visible_blocks(blocks: list[dict[str, Any]], hidden: set[str]) -> list[dict[str, Any]]:
-    """All but the declared calls, and the thinking that led to one (it travels with the block it precedes)."""
+def visible_blocks(blocks: list[dict[str, Any]], hidden: set[str], allowed: set[str] | None = None,
+                   ) -> list[dict[str, Any]]:
+    """All but the declared calls (and, given `allowed`, the agent's calls the rules did not let through), and
+    the thinking that led to one (it travels with the block it precedes)."""
     shown: list[dict[str, Any]] = []
     pending: list[dict[str, Any]] = []
     for block in blocks:
         if block.get("type") in THINKING:
             pending.append(block)
             continue
-        if not (block.get("type") == "tool_use" and block.get("name") in hidden):
+        call = block.get("type") == "tool_use"
+        if not (call and (block.get("name") in hidden or (allowed is not None and block.get("id") not in allowed))):
             shown.extend(pending)
             shown.append(block)
         pending = []

@@ -69,8 +69,9 @@ class MessagesReader(HoldingReader):
         if kind == "content_block_start":
             block = dict(_object(event, "content_block"))
             self.blocks[index] = block
-            self.starts(index, holds=block.get("type") in THINKING,
-                        hidden=block.get("type") == "tool_use" and block.get("name") in self.hidden)
+            call = block.get("type") == "tool_use"
+            self.starts(index, holds=block.get("type") in THINKING, hidden=call and block.get("name") in self.hidden,
+                        own_call=str(block.get("id")) if call else None)
         elif kind == "content_block_delta":
             text = self._apply(index, _object(event, "delta"))
         else:

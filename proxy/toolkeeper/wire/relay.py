@@ -2,9 +2,10 @@
 every item of it.
 
 - `HoldingReader`: the events the agent may see, in order. An item's events
-  are kept, dropped (a declared call) or held (a reasoning or thinking item,
-  until the item after it shows whether it is hidden: it travels with the
-  item it precedes).
+  are kept, dropped (a declared call) or held: a reasoning or thinking item
+  until the item after it shows whether it is hidden (it travels with the
+  item it precedes), and one of the agent's own calls until the rules have
+  decided on it (the writer sends it, at the end, only if it was allowed).
 - `RelayingModel`: one upstream round, streamed or whole, read through such a
   reader; the events to relay wait in `relayed`, tagged with their round, for
   the adapter's writer.
@@ -46,6 +47,7 @@ class HoldingReader:
         self.relay: list[dict[str, Any]] = []  # the agent's events, not yet taken
         self._held: dict[int, list[dict[str, Any]]] = {}  # reasoning or thinking items' events, by index
         self._dropped: set[int] = set()
+        self.awaiting: dict[int, tuple[str, list[dict[str, Any]]]] = {}  # the agent's own calls: id, events
 
     @property
     def head(self) -> dict[str, Any] | None:
@@ -58,16 +60,19 @@ class HoldingReader:
     def finish(self) -> Round:
         raise NotImplementedError
 
-    def starts(self, index: int, *, holds: bool, hidden: bool) -> None:
-        """An item begins: held until the next, or it settles the held ones (hidden with it, or shown)."""
+    def starts(self, index: int, *, holds: bool, hidden: bool, own_call: str | None = None) -> None:
+        """An item begins: held until the next, or it settles the held ones (hidden with it, or shown, or
+        waiting with the agent's call they precede)."""
         if holds:
             self._held[index] = []
             return
-        for held in sorted(self._held):
-            if hidden:
-                self._dropped.add(held)
-            else:
-                self.relay.extend(self._held[held])
+        before = [event for held in sorted(self._held) for event in self._held[held]]
+        if hidden:
+            self._dropped.update(self._held)
+        elif own_call is not None:
+            self.awaiting[index] = (own_call, before)
+        else:
+            self.relay.extend(before)
         self._held.clear()
         if hidden:
             self._dropped.add(index)
@@ -78,6 +83,9 @@ class HoldingReader:
             return False
         if index in self._held:
             self._held[index].append(event)
+            return False
+        if index in self.awaiting:
+            self.awaiting[index][1].append(event)
             return False
         self.relay.append(event)
         return True
@@ -102,6 +110,7 @@ class RelayingModel:
         self.rounds: list[Round] = []
         self.visible_output: list[dict[str, Any]] = []  # not streamed: what the agent sees, in order
         self.relayed: list[tuple[int, dict[str, Any]]] = []  # streamed: (round, event) the writer has yet to send
+        self.calls: list[tuple[int, str, list[dict[str, Any]]]] = []  # streamed: the agent's calls, for the verdict
         self.reader = None
 
     async def read_stream(self, response: aiohttp.ClientResponse) -> AsyncIterator[Visible | Round]:
@@ -118,6 +127,8 @@ class RelayingModel:
             reader.feed(parse_event(last))
         found = reader.finish()
         self._collect()
+        round_number = len(self.rounds)
+        self.calls.extend((round_number, call_id, events) for _, (call_id, events) in sorted(reader.awaiting.items()))
         yield self.finished(found)
 
     def whole(self, found: Round, response: dict[str, Any], shown: list[dict[str, Any]]) -> list[Visible | Round]:
@@ -137,6 +148,10 @@ class RelayingModel:
     def take(self) -> list[tuple[int, dict[str, Any]]]:
         taken, self.relayed = self.relayed, []
         return taken
+
+    def allowed_calls(self, allowed: set[str]) -> list[tuple[int, dict[str, Any]]]:
+        """At the turn's end: the events of the agent's calls that the rules let through, in order."""
+        return [(number, event) for number, call_id, events in self.calls if call_id in allowed for event in events]
 
     def finished(self, found: Round) -> Round:
         self.rounds.append(found)

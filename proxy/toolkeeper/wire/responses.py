@@ -73,7 +73,8 @@ class ResponsesAPI(AgentAPI):
             result, shown = writer.result, writer.output
         else:
             response, result = await self._whole(model, events)
-            shown = model.visible_output
+            shown = visible_items(model.visible_output, set(), {call.id for call in result.tool_calls}) \
+                if result is not None else []
         if result is not None:
             self._link(context.tenant, model, result)
             if result.exchange and body.get("store") is not False:
@@ -87,7 +88,8 @@ class ResponsesAPI(AgentAPI):
             return result, None
         if result.passthrough and not model.hidden:  # no declared tool offered: the server's bytes as they are
             return web.Response(body=result.last.raw, content_type="application/json"), result
-        output = model.visible_output + ([said_item(result.said)] if result.said else [])
+        allowed = {call.id for call in result.tool_calls}
+        output = visible_items(model.visible_output, set(), allowed) + ([said_item(result.said)] if result.said else [])
         return web.Response(body=dumps(final_response(model, result, output)),
                             content_type="application/json"), result
 

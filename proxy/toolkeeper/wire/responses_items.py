@@ -112,16 +112,18 @@ def round_from_response(response: dict[str, Any], raw: bytes | None = None) -> R
     return Round(head, {"content": text or None, ITEMS: items}, calls, finish, response.get("usage"), raw=raw)
 
 
-def visible_items(items: list[dict[str, Any]], hidden: set[str]) -> list[dict[str, Any]]:
-    """The items the agent may see: all but the declared calls, and the reasoning that led to one (a
-    reasoning item travels with the item it precedes)."""
+def visible_items(items: list[dict[str, Any]], hidden: set[str], allowed: set[str] | None = None,
+                  ) -> list[dict[str, Any]]:
+    """The items the agent may see: all but the declared calls (and, given `allowed`, the agent's calls the
+    rules did not let through), and the reasoning that led to one (it travels with the item it precedes)."""
     shown: list[dict[str, Any]] = []
     pending: list[dict[str, Any]] = []
     for item in items:
         if item.get("type") == "reasoning":
             pending.append(item)
             continue
-        if not (item.get("type") in CALL_TYPES and item.get("name") in hidden):
+        call = item.get("type") in CALL_TYPES
+        if not (call and (item.get("name") in hidden or (allowed is not None and item.get("call_id") not in allowed))):
             shown.extend(pending)
             shown.append(item)
         pending = []

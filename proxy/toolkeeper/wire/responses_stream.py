@@ -64,8 +64,9 @@ class ResponsesReader(HoldingReader):
             return None
         if kind == "response.output_item.added":
             item = _object(event, "item")
-            self.starts(index, holds=item.get("type") == "reasoning",
-                        hidden=item.get("type") in CALL_TYPES and item.get("name") in self.hidden)
+            call = item.get("type") in CALL_TYPES
+            self.starts(index, holds=item.get("type") == "reasoning", hidden=call and item.get("name") in self.hidden,
+                        own_call=str(item.get("call_id")) if call else None)
         if kind == "response.output_item.done":
             self._done[index] = _object(event, "item")
         if not self.route(index, event):

@@ -33,6 +33,8 @@ class ResponsesModel(Protocol):
 
     def shown(self, response: dict[str, Any]) -> dict[str, Any]: ...
 
+    def allowed_calls(self, allowed: set[str]) -> list[tuple[int, dict[str, Any]]]: ...
+
 
 def final_response(model: ResponsesModel, result: TurnResult, output: list[dict[str, Any]]) -> dict[str, Any]:
     """The response the agent gets: the last round's fields, the first round's id, its items, usage summed."""
@@ -69,11 +71,11 @@ class ResponsesWriter(TurnWriter):
         response = {**first, "status": "in_progress", "output": [], "usage": None, **fields}
         return self._event({"type": kind, "response": self.model.shown(response)})
 
-    async def _flush(self) -> None:
+    async def _flush(self, events: list[tuple[int, dict[str, Any]]] | None = None) -> None:
         parts = []
         if self.sequence == 0 and self.model.first is not None:
             parts += [self._lifecycle("response.created"), self._lifecycle("response.in_progress")]
-        for round_number, event in self.model.take():
+        for round_number, event in self.model.take() if events is None else events:
             raw = event.pop(RAW, None)
             index = event.get("output_index")
             mapped = self.indexes.setdefault((round_number, index), len(self.indexes)) if isinstance(index, int) \
@@ -91,6 +93,7 @@ class ResponsesWriter(TurnWriter):
     async def finish(self, result: TurnResult) -> None:
         self.result = result
         await self._flush()
+        await self._flush(self.model.allowed_calls({call.id for call in result.tool_calls}))
         if result.said:
             await self._whole_item(said_item(result.said))
         final = final_response(self.model, result, self.output)
