@@ -7,11 +7,13 @@ next request completes the record. An ask waits for `toolkeeper approve`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import threading
+import urllib.request
 
 import anthropic
 import pytest
@@ -315,3 +317,70 @@ scenarios:
                          capture_output=True, text=True, timeout=60, cwd=ROOT, env=os.environ)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "2 passed" in run.stdout
+
+
+def test_the_shipped_coding_agent_rules_pass_their_scenarios():
+    run = subprocess.run([sys.executable, "-m", "toolkeeper", "policy", "test",
+                          "policies/coding-agents_scenarios.yaml"], capture_output=True, text=True, timeout=60,
+                         cwd=ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "0 failed" in run.stdout and "WARN" not in run.stdout
+
+
+def test_the_agents_sdk_runner_never_runs_a_denied_function(scripted, tkg, monkeypatch):
+    """The Agents SDK's default model (the Responses API): its run_shell function is never called for the
+    denied command, and runs for the allowed one; the model got both results."""
+    monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")
+    from agents import Agent, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    ran: list[str] = []
+
+    @function_tool
+    def run_shell(command: str) -> str:
+        """Run a shell command."""
+        ran.append(command)
+        return f"ran {command}"
+
+    scripted.script({"tool_calls": [call("run_shell", {"command": "rm -rf /var"}, "sdk_rm"),
+                                    call("run_shell", {"command": "uptime"}, "sdk_up")]},
+                    {"content": "Uptime checked; the delete was refused."})
+
+    async def run() -> str:
+        client = AsyncOpenAI(base_url=tkg.base_url, api_key="sk-agents-governed", max_retries=0)
+        set_default_openai_client(client, use_for_tracing=False)
+        try:
+            agent = Agent(name="ops", instructions="Answer briefly.", tools=[run_shell])
+            return (await Runner.run(agent, "Check uptime and clean /var.")).final_output
+        finally:
+            await client.close()
+
+    assert asyncio.run(run()) == "Uptime checked; the delete was refused."
+    assert ran == ["uptime"]
+    outputs = {i["call_id"]: i["output"] for i in scripted.bodies()[-1]["input"]
+               if i.get("type") == "function_call_output"}
+    assert outputs["sdk_rm"].startswith("Not run: run_shell was not allowed") and "uptime" in outputs["sdk_up"]
+    assert by_call(tkg.directory, "sdk_up")["status"] == "ok"
+
+
+def test_the_audit_page_and_list_show_the_source_beside_declared_calls(scripted, tkg):
+    scripted.script({"tool_calls": [call("lookup", {"word": "fjord"}, "c_declared")]}, {"content": "ok"})
+    tkg.client().chat.completions.create(model="m", messages=user())
+    scripted.script({"tool_calls": [call("run_shell", {"command": "rm -rf /x"}, "c_page")]}, {"content": "no"})
+    tkg.client().chat.completions.create(model="m", messages=user(), tools=[SHELL])
+    root = tkg.base_url[: -len("/v1")]
+
+    def page(query: str) -> str:
+        request = urllib.request.Request(root + "/toolkeeper/audit" + query,
+                                         headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.read().decode()
+
+    everything, agents_only = page(""), page("?source=agent")
+    assert "lookup" in everything and "run_shell <small>agent</small>" in everything
+    assert "run_shell" in agents_only and "<td class=tool>lookup" not in agents_only
+    listing = subprocess.run([sys.executable, "-m", "toolkeeper", "audit", "list", "--db",
+                              str(tkg.directory / "audit.sqlite3")], capture_output=True, text=True, timeout=60,
+                             cwd=ROOT).stdout
+    assert "run_shell (agent)" in listing and " lookup " in listing and "forwarded" in listing

@@ -27,10 +27,13 @@ def test_pydantic_ai_runs_a_declared_tool_and_its_own(scripted, tk, monkeypatch)
                     {"content": "A fjord is a sea inlet; Bergen is sunny."})
 
     async def run():
-        first = await agent.run("What is a fjord, and the weather in Bergen?")
-        scripted.script({"content": "You are welcome."})
-        second = await agent.run("Thanks!", message_history=first.all_messages())
-        return first, second
+        try:
+            first = await agent.run("What is a fjord, and the weather in Bergen?")
+            scripted.script({"content": "You are welcome."})
+            second = await agent.run("Thanks!", message_history=first.all_messages())
+            return first, second
+        finally:
+            await agent.model.client.close()  # its connections closed in their own event loop
 
     first, second = asyncio.run(run())
     assert first.output == "A fjord is a sea inlet; Bergen is sunny."

@@ -271,8 +271,11 @@ class SQLAudit:
     def records(self, *, limit: int | None = None, source: str | None = None, **filters: Any) -> list[AuditEntry]:
         """One entry per call, its events merged, oldest first; `limit`: only the newest that many; `source`:
         declared calls, or the agent's own."""
-        entries = self._records(limit, filters)
-        return [entry for entry in entries if entry.source == source] if source else entries
+        if not source:
+            return self._records(limit, filters)
+        # the source is in the body, not a column: filtered here, then the newest `limit` kept
+        entries = [entry for entry in self._records(None, filters) if entry.source == source]
+        return entries[-limit:] if limit else entries
 
     def _records(self, limit: int | None, filters: dict[str, Any]) -> list[AuditEntry]:
         where, params = self._filtered(filters)

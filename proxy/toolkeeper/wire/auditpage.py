@@ -26,6 +26,7 @@ from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
 PREFIX = ADMIN_PREFIX + "/audit"
 PAGE = 500
 SINCE = {"1h": 3600, "24h": 86400, "7d": 604800, "30d": 2592000}
+SOURCES = ("declared", "agent")  # declared calls, or the agent's own
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em; color: #1d232a; }
@@ -114,15 +115,16 @@ class AuditPage:
                    "agent": query.get("agent") or None}
         since = SINCE.get(query.get("since", ""))
         filters["since"] = time.time() - since if since else None
+        source = query.get("source") if query.get("source") in SOURCES else None
         # paged and counted in SQL, off the event loop: a large trail or a slow database never stalls the proxy
-        records, total, tools = await asyncio.to_thread(
-            lambda: (self.audit.records(limit=PAGE, **filters)[::-1], self.audit.count(**filters),
-                     self.audit.tools()))
+        records, total, tools = await asyncio.to_thread(self._page_of, filters, source)
         form = (f"<form method=get action='{PREFIX}'>"
                 f"<label>tool<select name=tool><option value=''>any</option>"
                 f"{_options(tools, query.get('tool'))}</select></label>"
                 f"<label>status<select name=status><option value=''>any</option>"
                 f"{_options(STATUSES, query.get('status'))}</select></label>"
+                f"<label>source<select name=source><option value=''>any</option>"
+                f"{_options(SOURCES, query.get('source'))}</select></label>"
                 f"<label>agent<input name=agent value='{_show(query.get('agent', ''))}' size=18></label>"
                 f"<label>since<select name=since><option value=''>ever</option>"
                 f"{_options(SINCE, query.get('since'))}</select></label>"
@@ -130,7 +132,7 @@ class AuditPage:
         rows = "".join(
             f"<tr class=record><td><a href='{PREFIX}/{escape(r.record_id)}'>{escape(_when(r.time))}</a></td>"
             f"<td class='{escape(r.status)} status'>{_show(r.status)}</td>"
-            f"<td class=tool>{_show(r.tool)}</td>"
+            f"<td class=tool>{_show(r.tool)}{' <small>agent</small>' if r.source == 'agent' else ''}</td>"
             f"<td>{r.duration_ms:.1f} ms</td>"
             f"<td>{_show(r.decision)} <small>{_show(_decided_by(r))}</small></td>"
             f"<td><code>{_show(r.agent)}</code></td></tr>"
@@ -140,12 +142,20 @@ class AuditPage:
         shown = f"the latest {len(records)} of {total}" if total > len(records) else f"{total}"
         return _page("toolkeeper audit", f"{form}<p>{shown} executions</p>{table}")
 
+    def _page_of(self, filters: dict, source: str | None) -> tuple[list, int, list[str]]:
+        """The newest records first, their total, and the tools to filter by."""
+        if source:  # not a column: every matching record read, then paged
+            matching = self.audit.records(source=source, **filters)
+            return matching[-PAGE:][::-1], len(matching), self.audit.tools()
+        return self.audit.records(limit=PAGE, **filters)[::-1], self.audit.count(**filters), self.audit.tools()
+
     async def detail(self, request: web.Request) -> web.Response:
         record = await asyncio.to_thread(self.audit.record, request.match_info["id"])
         if record is None:
             return _page("not found", "<p>No such execution.</p>")
+        ran_by_the_agent = "one of the agent's own tools"
         fields = "".join([
-            _field("tool", f"{record.tool} ({record.runner})"),
+            _field("tool", f"{record.tool} ({record.runner or ran_by_the_agent})"),
             _field("status", record.status),
             _field("time", _when(record.time)),
             _field("agent", record.agent),
