@@ -36,7 +36,7 @@ from toolkeeper.wire.messages_stream import MessagesReader
 from toolkeeper.wire.relay import RAW, RelayingModel
 from toolkeeper.wire.responses_stream import UpstreamFailed
 from toolkeeper.wire.sse import EventTooLarge
-from toolkeeper.wire.upstream import Upstream, UpstreamError, forward_headers, read_whole
+from toolkeeper.wire.upstream import Upstream, UpstreamError, forward_headers
 
 ENGINE_KEYS = ("tools", "tool_choice")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -120,18 +120,9 @@ class MessagesModel(RelayingModel):
     async def round(self, body: dict[str, Any]) -> AsyncIterator[Visible | Round]:
         self.reader = MessagesReader(self.hidden)
         try:
-            async with self.upstream.session.post(self.upstream.url("/messages") + self.query,
-                                                  data=dumps(self.request(body)), headers=self.headers,
-                                                  timeout=self.upstream.timeout) as response:
-                if response.status != 200:
-                    raise UpstreamError(response.status, await response.read(),
-                                        response.headers.get("Content-Type", "application/json"))
-                if "text/event-stream" in response.headers.get("Content-Type", ""):
-                    async for event in self.read_stream(response):
-                        yield event
-                else:
-                    for event in self._read_whole(await read_whole(response)):
-                        yield event
+            async for event in self.post(self.upstream, self.upstream.url("/messages") + self.query,
+                                         dumps(self.request(body)), self.headers):
+                yield event
         except (MalformedResponse, EventTooLarge) as exc:
             raise UpstreamError(502, anthropic_error(502, f"the model server sent a malformed response: {exc}"),
                                 ) from exc

@@ -22,7 +22,7 @@ import orjson
 from toolkeeper.engine import Round, Visible
 from toolkeeper.wire.chat_stream import MalformedResponse
 from toolkeeper.wire.sse import EventSplitter
-from toolkeeper.wire.upstream import MAX_EVENT_BYTES
+from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, UpstreamError, read_whole
 
 RAW = "_raw"  # an upstream event's own bytes, kept beside its parsed fields
 
@@ -112,6 +112,23 @@ class RelayingModel:
         self.relayed: list[tuple[int, dict[str, Any]]] = []  # streamed: (round, event) the writer has yet to send
         self.calls: list[tuple[int, str, list[dict[str, Any]]]] = []  # streamed: the agent's calls, for the verdict
         self.reader = None
+
+    async def post(self, upstream: Upstream, url: str, payload: bytes,
+                   headers: dict[str, str]) -> AsyncIterator[Visible | Round]:
+        """One round: the request posted, the answer read as a stream or whole (`_read_whole`)."""
+        async with upstream.session.post(url, data=payload, headers=headers, timeout=upstream.timeout) as response:
+            if response.status != 200:
+                raise UpstreamError(response.status, await response.read(),
+                                    response.headers.get("Content-Type", "application/json"))
+            if "text/event-stream" in response.headers.get("Content-Type", ""):
+                async for event in self.read_stream(response):
+                    yield event
+            else:
+                for event in self._read_whole(await read_whole(response)):
+                    yield event
+
+    def _read_whole(self, raw: bytes) -> list[Visible | Round]:
+        raise NotImplementedError
 
     async def read_stream(self, response: aiohttp.ClientResponse) -> AsyncIterator[Visible | Round]:
         reader = self.reader

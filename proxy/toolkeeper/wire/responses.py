@@ -42,7 +42,7 @@ from toolkeeper.wire.responses_items import (
 from toolkeeper.wire.responses_stream import ResponsesReader, UpstreamFailed
 from toolkeeper.wire.responses_writer import ResponsesWriter, final_response
 from toolkeeper.wire.sse import EventTooLarge
-from toolkeeper.wire.upstream import Upstream, UpstreamError, forward_headers, read_whole
+from toolkeeper.wire.upstream import Upstream, UpstreamError, forward_headers
 
 # What the engine reads of a request; the rest of the agent's body goes upstream as it came.
 ENGINE_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
@@ -177,17 +177,9 @@ class ResponsesModel(RelayingModel):
     async def round(self, body: dict[str, Any]) -> AsyncIterator[Visible | Round]:
         self.reader = ResponsesReader(self.hidden)
         try:
-            async with self.upstream.session.post(self.upstream.url("/responses"), data=dumps(self.request(body)),
-                                                  headers=self.headers, timeout=self.upstream.timeout) as response:
-                if response.status != 200:
-                    raise UpstreamError(response.status, await response.read(),
-                                        response.headers.get("Content-Type", "application/json"))
-                if "text/event-stream" in response.headers.get("Content-Type", ""):
-                    async for event in self.read_stream(response):
-                        yield event
-                else:
-                    for event in self._read_whole(await read_whole(response)):
-                        yield event
+            async for event in self.post(self.upstream, self.upstream.url("/responses"), dumps(self.request(body)),
+                                         self.headers):
+                yield event
         except (MalformedResponse, EventTooLarge) as exc:
             code = "upstream_too_large" if isinstance(exc, EventTooLarge) else "upstream_malformed"
             raise UpstreamError.ours(502, f"the model server sent a malformed response: {exc}", code) from exc
