@@ -384,3 +384,26 @@ def test_the_audit_page_and_list_show_the_source_beside_declared_calls(scripted,
                               str(tkg.directory / "audit.sqlite3")], capture_output=True, text=True, timeout=60,
                              cwd=ROOT).stdout
     assert "run_shell (agent)" in listing and " lookup " in listing and "forwarded" in listing
+
+
+def test_a_forwarded_call_never_answered_is_closed_unanswered(scripted, governed_dir, tmp_path):
+    import time
+
+    audit = tmp_path / "audit.sqlite3"
+    process = start_toolkeeper(governed_dir / "agent.yaml", scripted.base_url, "--audit", str(audit),
+                               "--store", str(tmp_path / "store.sqlite3"), "--history-ttl", "1")
+    tk = Toolkeeper(process, tmp_path)
+    try:
+        scripted.script({"tool_calls": [call("run_shell", {"command": "uptime"}, "c_left")]})
+        message = tk.client().chat.completions.create(model="m", messages=user(), tools=[SHELL]).choices[0].message
+        assert [c.id for c in message.tool_calls] == ["c_left"]
+        time.sleep(1.5)  # the agent moves on without the result; its next request closes the record
+        scripted.script({"content": "hello"})
+        tk.client().chat.completions.create(model="m", messages=user())
+    finally:
+        tk.close_clients()
+        process.stop()
+    run = subprocess.run([sys.executable, "-m", "toolkeeper", "audit", "export", "--db", str(audit)],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    (record,) = [json.loads(line) for line in run.stdout.splitlines()]
+    assert (record["call_id"], record["status"], record["source"]) == ("c_left", "unanswered", "agent")

@@ -83,7 +83,7 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     metrics = Metrics()
     calls = CallHandler(runners=runners_for({tool.spec.runner for tool in agent.tools.values()}), consent=consent,
                         policy=policy, store=stores.store, observers=[metrics.record, *observers],
-                        audit=stores.audit)
+                        audit=stores.audit, forwarded_ttl=settings.history_ttl)
     history = History(stores.store, settings.history_ttl)
     engine = Engine(agent, calls, history=history, metrics=metrics)
     metrics.counted_elsewhere(

@@ -37,6 +37,8 @@ LOOP_END_AT = 5  # ... and this many times: the turn ends
 # timed out was disconnected, and its tool cancelled, so a long window would
 # only replay for requests meant as new ones.
 RETRY_WINDOW = 60.0
+SWEEP_EVERY = 60.0  # seconds between looks for forwarded calls whose result never came
+ANSWER_EXCERPT = 2000  # characters of an agent's tool result kept in its record (its size and digest: all of it)
 
 
 @dataclass
@@ -94,6 +96,7 @@ class CallHandler:
         self.audit = audit
         self.redactor = audit.redactor if audit is not None else Redactor()
         self._running: dict[str, asyncio.Future[tuple[str, CallStatus]]] = {}
+        self._swept = time.monotonic()  # when forwarded calls were last looked at for `unanswered`
         # The steps in order; each answers, or returns None to go on. The run comes last.
         self.steps: tuple[Step, ...] = (self._detect_loop, self._check, self._replay, self._decide, self._record)
 
@@ -287,26 +290,36 @@ class CallHandler:
         return True
 
     async def collect(self, turn: TurnContext, messages: list[dict[str, Any]]) -> None:
-        """The results the agent sends back for its forwarded calls complete their records."""
+        """The results the agent sends back for its forwarded calls complete their records; the calls whose
+        result never came within `forwarded_ttl` are closed `unanswered`."""
         if self.store is None or self.audit is None:
             return
         for message in messages:
             if not isinstance(message, dict) or message.get("role") != "tool":
                 continue
-            key = digest(turn.tenant, "forwarded", str(message.get("tool_call_id")))
-            stored = self.store.get_link(key)
+            # taken: a replayed history completes nothing twice
+            stored = self.store.take_link(digest(turn.tenant, "forwarded", str(message.get("tool_call_id"))))
             if stored is None:
                 continue
-            self.store.put_link(key, stored, -1)  # taken: a replayed history completes nothing twice
             record = ExecutionRecord.model_validate(stored)
             output = message.get("content")
             text = output if isinstance(output, str) else canonical_json(output).decode()
-            record.status, record.answer = "ok", text
+            record.status, record.answer = "ok", text[:ANSWER_EXCERPT]
             record.output_bytes, record.output_sha256 = len(text.encode()), sha256_hex(text.encode())
-            try:
-                await self.audit.write("completed", record)
-            except AuditError as exc:
-                log.error("the audit trail lost the result of %s: %s", record.tool, exc)
+            await self._complete(record)
+        if time.monotonic() - self._swept > min(SWEEP_EVERY, self.forwarded_ttl):
+            self._swept = time.monotonic()
+            for stored in self.store.take_expired_links():
+                if stored.get("source") == "agent" and stored.get("status") == "forwarded":
+                    record = ExecutionRecord.model_validate(stored)
+                    record.status, record.answer = "unanswered", "(the agent never sent this call's result back)"
+                    await self._complete(record)
+
+    async def _complete(self, record: ExecutionRecord) -> None:
+        try:
+            await self.audit.write("completed", record)  # type: ignore[union-attr]
+        except AuditError as exc:
+            log.error("the audit trail lost the result of %s: %s", record.tool, exc)
 
     # -- helpers ----------------------------------------------------------------------
 

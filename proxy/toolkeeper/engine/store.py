@@ -63,6 +63,14 @@ class Store(Protocol):
 
     def get_link(self, key: str) -> dict | None: ...
 
+    def take_link(self, key: str) -> dict | None:
+        """The link, removed: whoever takes it first has it."""
+        ...
+
+    def take_expired_links(self) -> list[dict]:
+        """The links whose time ran out, removed."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -123,6 +131,17 @@ class SQLiteStore:
                                    (key, time.time())).fetchone()
         return orjson.loads(row[0]) if row else None
 
+    def take_link(self, key: str) -> dict | None:
+        with self._lock:
+            row = self._db.execute("DELETE FROM links WHERE key = ? AND expires > ? RETURNING value",
+                                   (key, time.time())).fetchone()
+        return orjson.loads(row[0]) if row else None
+
+    def take_expired_links(self) -> list[dict]:
+        with self._lock:
+            rows = self._db.execute("DELETE FROM links WHERE expires <= ? RETURNING value", (time.time(),)).fetchall()
+        return [orjson.loads(row[0]) for row in rows]
+
     def _wrote(self) -> None:
         self._writes += 1
         if self._writes % PURGE_EVERY == 0:
@@ -134,7 +153,7 @@ class SQLiteStore:
         self._db.execute("UPDATE exchanges SET body = NULL WHERE expires <= ? AND body IS NOT NULL", (now,))
         self._db.execute("DELETE FROM exchanges WHERE body IS NULL AND expires <= ? - 86400", (now,))
         self._db.execute("DELETE FROM call_results WHERE expires <= ?", (now,))
-        self._db.execute("DELETE FROM links WHERE expires <= ?", (now,))
+        self._db.execute("DELETE FROM links WHERE expires <= ? - 86400", (now,))  # a day to be taken
 
     def close(self) -> None:
         with self._lock:
