@@ -22,6 +22,7 @@ denies contains {
 		"really needed.",
 	]),
 } if {
+	is_array(input.argv) # null for the agent's own tools: they have no argv
 	some entry in input.argv
 	regex.match(credentials, entry)
 }
@@ -31,6 +32,7 @@ asks contains {
 	"rule": "destructive-flags-ask",
 	"reason": "The command carries a flag that destroys or skips a safety check.",
 } if {
+	is_array(input.argv)
 	some entry in input.argv
 	regex.match(destructive_flags, entry)
 }

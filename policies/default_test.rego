@@ -41,3 +41,12 @@ test_a_force_flag_inside_a_value_does_not_ask if {
 test_deny_wins_over_ask if {
 	data.toolkeeper.decision.effect == "deny" with input as call(["cp", "--force", "/home/me/.ssh/id_ed25519"])
 }
+
+test_an_agents_own_call_without_argv_meets_no_objection if {
+	agent_call := object.union(call([]), {
+		"tool": {"name": "Bash", "source": "agent", "tier": null, "runner": null, "visibility": null},
+		"arguments": {"command": "git push --force"},
+		"argv": null,
+	})
+	data.toolkeeper.decision.effect == "allow" with input as agent_call
+}

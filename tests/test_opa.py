@@ -100,7 +100,7 @@ def test_policy_test_runs_the_shipped_scenarios_against_opa_too(opa):
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"PASS [OPA {opa.url}] release notes naming an SSH key are denied, even in yolo: deny " \
            "(rule credentials-never" in run.stdout
-    assert "scenarios: 10 passed, 0 failed" in run.stdout
+    assert "scenarios: 12 passed, 0 failed" in run.stdout
 
 
 def test_policy_explain_against_opa_names_rule_decision_and_bundle(opa):

@@ -211,7 +211,7 @@ def test_policy_test_runs_the_shipped_scenarios():
     run = toolkeeper("policy", "test", "policies/default_scenarios.yaml")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASS [rules default.yaml] release notes naming an SSH key are denied, even in yolo: deny (rule credentials-never" in run.stdout
-    assert "scenarios: 5 passed, 0 failed" in run.stdout
+    assert "scenarios: 6 passed, 0 failed" in run.stdout
 
 
 def test_policy_test_fails_on_a_wrong_expectation(tmp_path):
