@@ -407,3 +407,13 @@ def test_a_forwarded_call_never_answered_is_closed_unanswered(scripted, governed
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     (record,) = [json.loads(line) for line in run.stdout.splitlines()]
     assert (record["call_id"], record["status"], record["source"]) == ("c_left", "unanswered", "agent")
+
+
+def test_arguments_that_are_not_json_cannot_slip_past_a_deny_rule(scripted, tkg):
+    scripted.script({"tool_calls": [call("run_shell", '{"command": "rm -rf /srv"', "c_broken")]},
+                    {"content": "{tool_result}"})
+    message = tkg.client().chat.completions.create(model="m", messages=user(), tools=[SHELL]).choices[0].message
+    assert message.tool_calls is None and message.content.startswith("Not run: run_shell was not allowed")
+    record = by_call(tkg.directory, "c_broken")
+    assert (record["status"], record["decision_rule"]) == ("denied", "shell-no-rm-rf")
+    assert record["arguments_sent"] == '{"command": "rm -rf /srv"'

@@ -141,7 +141,10 @@ class When(Strict):
     agent: AgentTest | None = None
     time: TimeTest | None = None
 
-    def holds(self, document: dict[str, Any]) -> bool:
+    def holds(self, document: dict[str, Any], *, restricts: bool = False) -> bool:
+        """Every condition holds. Arguments that are not an object (an agent's call whose arguments are not
+        JSON) cannot be tested: a rule that `restricts` (deny, ask) then counts as matching, so a malformed call
+        cannot slip past it."""
         tool = document["tool"]
         globs = _globs(self.tool)
         if globs is not None and not any(fnmatch.fnmatchcase(tool["name"], glob) for glob in globs):
@@ -154,14 +157,21 @@ class When(Strict):
             return False
         if self.argv is not None and not self.argv.holds(document.get("argv") or []):
             return False
-        arguments = document.get("arguments") or {}
-        for name, test in self.arguments.items():
-            present, value = _dotted(arguments, name)
-            if not test.holds(value, present):
+        if self.arguments:
+            arguments = document.get("arguments")
+            readable = arguments is None or isinstance(arguments, dict)
+            if not (self._arguments_hold(arguments or {}) if readable else restricts):
                 return False
         if self.agent is not None and not self.agent.holds(document.get("agent") or {}):
             return False
         return self.time is None or self.time.holds(document.get("request") or {})
+
+    def _arguments_hold(self, arguments: dict[str, Any]) -> bool:
+        for name, test in self.arguments.items():
+            present, value = _dotted(arguments, name)
+            if not test.holds(value, present):
+                return False
+        return True
 
 
 def _dotted(arguments: Any, path: str) -> tuple[bool, Any]:
@@ -232,7 +242,7 @@ class Rules:
         return found
 
     def matching(self, document: dict[str, Any]) -> list[Rule]:
-        return [rule for rule in self.rules if rule.when.holds(document)]
+        return [rule for rule in self.rules if rule.when.holds(document, restricts=rule.effect != "allow")]
 
     def decide(self, document: dict[str, Any]) -> Decision | None:
         """The most restrictive matching rule's decision; None when no rule matches."""
