@@ -16,6 +16,7 @@ import threading
 import urllib.request
 
 import anthropic
+import openai
 import pytest
 from conftest import (
     ROOT,
@@ -417,3 +418,25 @@ def test_arguments_that_are_not_json_cannot_slip_past_a_deny_rule(scripted, tkg)
     record = by_call(tkg.directory, "c_broken")
     assert (record["status"], record["decision_rule"]) == ("denied", "shell-no-rm-rf")
     assert record["arguments_sent"] == '{"command": "rm -rf /srv"'
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_refused_call_stays_hidden_when_a_later_round_reuses_its_id(scripted, tkg, stream):
+    """Servers that number calls per response (call_0, call_1...) reuse ids across rounds."""
+    scripted.script({"tool_calls": [call("run_shell", {"command": "rm -rf /srv"}, "call_0")]},
+                    {"tool_calls": [call("run_shell", {"command": "ls /srv"}, "call_0")]})
+    kwargs = {"model": "m", "input": user()[0]["content"], "tools": [SHELL_RESPONSES], "store": False}
+    client = tkg.client()
+    if stream:
+        with client.responses.stream(**kwargs) as events:
+            response = events.get_final_response()
+    else:
+        response = client.responses.create(**kwargs)
+    calls = [json.loads(item.arguments) for item in response.output if item.type == "function_call"]
+    assert calls == [{"command": "ls /srv"}]
+
+
+def test_n_above_one_is_refused_when_the_agents_calls_are_governed(tkg):
+    with pytest.raises(openai.BadRequestError) as refused:
+        tkg.client().chat.completions.create(model="m", messages=user(), tools=[SHELL], n=2)
+    assert refused.value.body["code"] == "n_not_supported"

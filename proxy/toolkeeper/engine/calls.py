@@ -253,7 +253,9 @@ class CallHandler:
         record = ExecutionRecord(request_id=turn.request_id, agent=turn.agent, api=turn.api, tool=call.name,
                                  runner="", call_id=call.id, arguments_sent=call.arguments, arguments=arguments,
                                  source="agent", status="denied", policy_revision=self.policy.revision)
-        state = _Call(call, None, context, record, False, values=arguments or {})  # type: ignore[arg-type]
+        # what an approver sees and an approval is bound to: the arguments, or their text when not an object
+        values = arguments if isinstance(arguments, dict) else {"arguments": call.arguments_text}
+        state = _Call(call, None, context, record, False, values=values)  # type: ignore[arg-type]
         document = policy_input(call.name, arguments if arguments is not None else call.arguments_text, None,
                                 agent_id=turn.agent, agent_header=turn.agent_header, request_id=turn.request_id,
                                 yolo=self.policy.yolo, interactive=self.consent.can_ask)

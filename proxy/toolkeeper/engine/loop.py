@@ -213,12 +213,17 @@ class Engine:
                                                       truncated=last.finish_reason == "length")
                     answer, ending = outcome.answer, ending or outcome.ends_turn
                 answers[call.id] = answer
-            else:  # the agent's own call, under the same rules
-                if self.calls.policy.governs_agents:
-                    yield Working(call.name)  # an approver may be asked: keep the agent's connection alive
-                refusal = await self.calls.govern(call, turn.calls)
-                if refusal is not None:
-                    answers[call.id] = refusal
+        for call in last.tool_calls:
+            if call.id in answers:
+                continue
+            if ending:  # the turn ends here: the agent receives none of the round's calls, the model hears why
+                answers[call.id] = f"Not passed on: {ending}"
+                continue
+            if self.calls.policy.governs_agents:  # the agent's own call, under the same rules
+                yield Working(call.name)  # an approver may be asked: keep the agent's connection alive
+            refusal = await self.calls.govern(call, turn.calls)
+            if refusal is not None:
+                answers[call.id] = refusal
         results = [{"role": "tool", "tool_call_id": c.id, "content": answers[c.id]} for c in last.tool_calls
                    if c.id in answers]
         yield _Answered(results, ending, [c for c in last.tool_calls if c.id not in answers])

@@ -104,9 +104,10 @@ class ChatCompletions(AgentAPI):
         problem = check_request(body)
         if problem:
             return bad_request(problem)
-        if isinstance(body.get("n"), int) and body["n"] > 1 and self.engine.active_tools(body):
-            return bad_request("n > 1 cannot be combined with declared tools: each choice would run them; "
-                               "send n = 1", "n_not_supported")
+        if isinstance(body.get("n"), int) and body["n"] > 1 and (
+                self.engine.active_tools(body) or (body.get("tools") and self.engine.calls.policy.governs_agents)):
+            return bad_request("n > 1 cannot be combined with declared tools or governed tool calls: only the "
+                               "first choice is checked; send n = 1", "n_not_supported")
         events = self.engine.run(body, self.upstream.model(request.headers), self.context(request, raw))
         if body.get("stream"):
             return await StreamWriter(request, body, self.keepalive).relay(events)

@@ -134,6 +134,9 @@ class MessagesModel(RelayingModel):
         except aiohttp.ClientError as exc:
             raise UpstreamError(502, anthropic_error(502, f"cannot reach the model server: {exc}")) from exc
 
+    def without_calls(self, output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return visible_blocks(output, set(), set())
+
     def _read_whole(self, raw: bytes) -> list[Visible | Round]:
         try:
             message = orjson.loads(raw)

@@ -116,7 +116,8 @@ def visible_blocks(blocks: list[dict[str, Any]], hidden: set[str], allowed: set[
             pending.append(block)
             continue
         call = block.get("type") == "tool_use"
-        if not (call and (block.get("name") in hidden or (allowed is not None and block.get("id") not in allowed))):
+        refused = allowed is not None and str(block.get("id") or "") not in allowed
+        if not (call and (block.get("name") in hidden or refused)):
             shown.extend(pending)
             shown.append(block)
         pending = []

@@ -71,7 +71,7 @@ class MessagesReader(HoldingReader):
             self.blocks[index] = block
             call = block.get("type") == "tool_use"
             self.starts(index, holds=block.get("type") in THINKING, hidden=call and block.get("name") in self.hidden,
-                        own_call=str(block.get("id")) if call else None)
+                        own_call=str(block.get("id") or "") if call else None)
         elif kind == "content_block_delta":
             text = self._apply(index, _object(event, "delta"))
         else:

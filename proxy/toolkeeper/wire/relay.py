@@ -130,6 +130,10 @@ class RelayingModel:
     def _read_whole(self, raw: bytes) -> list[Visible | Round]:
         raise NotImplementedError
 
+    def without_calls(self, output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The output without any call (and the reasoning or thinking that led to one)."""
+        raise NotImplementedError
+
     async def read_stream(self, response: aiohttp.ClientResponse) -> AsyncIterator[Visible | Round]:
         reader = self.reader
         assert reader is not None
@@ -151,6 +155,8 @@ class RelayingModel:
     def whole(self, found: Round, response: dict[str, Any], shown: list[dict[str, Any]]) -> list[Visible | Round]:
         """A whole (not streamed) round: what the agent sees of it, and the Round."""
         self.first = self.first or response
+        if self.visible_output:  # a round before this one did not end the turn: none of its agent's calls went
+            self.visible_output = self.without_calls(self.visible_output)
         self.visible_output.extend(shown)
         text = found.message.get("content")
         return [*([Visible(({"content": text},), {"id": self.first.get("id")})] if text else []),
@@ -167,8 +173,12 @@ class RelayingModel:
         return taken
 
     def allowed_calls(self, allowed: set[str]) -> list[tuple[int, dict[str, Any]]]:
-        """At the turn's end: the events of the agent's calls that the rules let through, in order."""
-        return [(number, event) for number, call_id, events in self.calls if call_id in allowed for event in events]
+        """At the turn's end: the events of the agent's calls that the rules let through, in order. Only the
+        last round's: a round with an agent's call that went through ends the turn, so an earlier round's were
+        refused (whatever id a later call reuses)."""
+        last = len(self.rounds) - 1
+        return [(number, event) for number, call_id, events in self.calls if number == last and call_id in allowed
+                for event in events]
 
     def finished(self, found: Round) -> Round:
         self.rounds.append(found)

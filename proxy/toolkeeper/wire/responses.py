@@ -192,6 +192,9 @@ class ResponsesModel(RelayingModel):
         except aiohttp.ClientError as exc:
             raise UpstreamError.ours(502, f"cannot reach the model server: {exc}", "upstream_unreachable") from exc
 
+    def without_calls(self, output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return visible_items(output, set(), set())
+
     def _read_whole(self, raw: bytes) -> list[Visible | Round]:
         try:
             response = orjson.loads(raw)

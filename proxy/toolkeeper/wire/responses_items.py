@@ -97,10 +97,15 @@ def input_from_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return items
 
 
+def call_id_of(item: dict[str, Any]) -> str:
+    """A call item's id, as the engine, the relay and the filters all read it."""
+    return str(item.get("call_id") or item.get("id") or "")
+
+
 def round_from_response(response: dict[str, Any], raw: bytes | None = None) -> Round:
     """One upstream response as the engine's Round."""
     items = [item for item in response.get("output") or [] if isinstance(item, dict)]
-    calls = [ToolCall(item.get("call_id") or item.get("id") or "", item.get("name") or "",
+    calls = [ToolCall(call_id_of(item), item.get("name") or "",
                       item.get("arguments") if item["type"] == "function_call" else item.get("input"),
                       {CALL_ITEM: item})
              for item in items if item.get("type") in CALL_TYPES]
@@ -123,7 +128,7 @@ def visible_items(items: list[dict[str, Any]], hidden: set[str], allowed: set[st
             pending.append(item)
             continue
         call = item.get("type") in CALL_TYPES
-        if not (call and (item.get("name") in hidden or (allowed is not None and item.get("call_id") not in allowed))):
+        if not (call and (item.get("name") in hidden or (allowed is not None and call_id_of(item) not in allowed))):
             shown.extend(pending)
             shown.append(item)
         pending = []

@@ -16,7 +16,7 @@ from typing import Any
 from toolkeeper.engine import Round
 from toolkeeper.wire.chat_stream import MalformedResponse
 from toolkeeper.wire.relay import HoldingReader
-from toolkeeper.wire.responses_items import CALL_TYPES, round_from_response
+from toolkeeper.wire.responses_items import CALL_TYPES, call_id_of, round_from_response
 
 TERMINAL = ("response.completed", "response.incomplete")
 LIFECYCLE = ("response.created", "response.in_progress", "response.queued")
@@ -66,7 +66,7 @@ class ResponsesReader(HoldingReader):
             item = _object(event, "item")
             call = item.get("type") in CALL_TYPES
             self.starts(index, holds=item.get("type") == "reasoning", hidden=call and item.get("name") in self.hidden,
-                        own_call=str(item.get("call_id")) if call else None)
+                        own_call=call_id_of(item) if call else None)
         if kind == "response.output_item.done":
             self._done[index] = _object(event, "item")
         if not self.route(index, event):
