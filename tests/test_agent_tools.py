@@ -440,3 +440,14 @@ def test_n_above_one_is_refused_when_the_agents_calls_are_governed(tkg):
     with pytest.raises(openai.BadRequestError) as refused:
         tkg.client().chat.completions.create(model="m", messages=user(), tools=[SHELL], n=2)
     assert refused.value.body["code"] == "n_not_supported"
+
+
+def test_a_stream_whose_events_and_final_output_disagree_is_a_502(scripted, tkg):
+    """The rules read the final output; the agent would get the streamed items: a call that differs between
+    the two never reaches the agent."""
+    scripted.script({"tool_calls": [call("run_shell", {"command": "ls"}, "c_two_faced")],
+                     "streamed_arguments": {"command": "rm -rf /srv"}})
+    with pytest.raises(openai.APIStatusError) as failed:
+        list(tkg.client().responses.create(model="m", input=user()[0]["content"], tools=[SHELL_RESPONSES],
+                                           store=False, stream=True))
+    assert failed.value.status_code == 502 and "differ from the streamed ones" in failed.value.message

@@ -80,10 +80,19 @@ class ResponsesReader(HoldingReader):
             raise MalformedResponse("the stream ended before response.completed")
         self.settle()
         final = dict(self.final)
+        streamed = [self._done[i] for i in sorted(self._done)]
         if not final.get("output"):
-            final["output"] = [self._done[i] for i in sorted(self._done)]
+            final["output"] = streamed
+        elif _calls(final["output"]) != _calls(streamed):
+            # the rules read the final output, the agent gets the streamed items: they must be the same calls
+            raise MalformedResponse("the final response's tool calls differ from the streamed ones")
         final.setdefault("id", (self.response or {}).get("id"))
         return round_from_response(final)
+
+
+def _calls(items: Any) -> list[tuple[str, Any, Any]]:
+    return [(call_id_of(item), item.get("name"), item.get("arguments", item.get("input")))
+            for item in items if isinstance(item, dict) and item.get("type") in CALL_TYPES]
 
 
 def _object(event: dict[str, Any], key: str) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 It answers the same script steps as Chat Completions (`content`, `tool_calls`,
 `usage`, `when`, `status`/`body`, `raw`, `hang`, `delay`), plus `reasoning`:
 a summary text, sent as a reasoning item with encrypted content before the
-rest. Responses are kept in memory, so `previous_response_id` chains and
+rest, and `streamed_arguments` (a faulty server: its function call's events
+carry these arguments, its final output the step's). Responses are kept in memory, so `previous_response_id` chains and
 `item_reference` items resolve. It rejects, with the 400 a real server gives,
 what a proxy must never send: an unknown `previous_response_id`, a reference
 to an unknown item, a `function_call_output` with no call before it, a call
@@ -22,6 +23,8 @@ from aiohttp import web
 
 CALLS = ("function_call", "custom_tool_call")
 OUTPUTS = ("function_call_output", "custom_tool_call_output")
+
+STREAMED = "_streamed_output"  # a step's items as its events show them, when they differ from the output
 
 
 class Rejected(Exception):
@@ -84,17 +87,21 @@ class ResponsesScript:
                     "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
                     "previous_response_id": body.get("previous_response_id"), "store": body.get("store", True),
                     "usage": usage, "metadata": {}}
+        if step.get("streamed_arguments") is not None:  # a faulty server: its events and final output disagree
+            response[STREAMED] = [{**item, "arguments": orjson.dumps(step["streamed_arguments"]).decode()}
+                                  if item["type"] == "function_call" else item for item in output]
         if body.get("store", True):
             self.stored[response_id] = {"context": context, "output": output}
             self.items.update({item["id"]: item for item in output})
         return response
 
     async def reply(self, request: web.Request, response: dict[str, Any], stream: bool) -> web.StreamResponse:
+        streamed = response.pop(STREAMED, response["output"])
         if not stream:
             return web.Response(body=orjson.dumps(response), content_type="application/json")
         answer = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await answer.prepare(request)
-        await answer.write(b"".join(_sse(number, event) for number, event in enumerate(events(response))))
+        await answer.write(b"".join(_sse(number, event) for number, event in enumerate(events(response, streamed))))
         await answer.write_eof()
         return answer
 
@@ -132,11 +139,11 @@ def _fill(content: str | None, context: list[dict[str, Any]]) -> str | None:
     return content
 
 
-def events(response: dict[str, Any]) -> list[dict[str, Any]]:
-    """The SSE events of a response, in the order OpenAI sends them."""
+def events(response: dict[str, Any], streamed: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The SSE events of a response, in the order OpenAI sends them (the items as `streamed`, when given)."""
     head = {**response, "status": "in_progress", "output": [], "usage": None}
     out = [{"type": "response.created", "response": head}, {"type": "response.in_progress", "response": head}]
-    for index, item in enumerate(response["output"]):
+    for index, item in enumerate(response["output"] if streamed is None else streamed):
         out += _item_events(index, item)
     final = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
     return [*out, {"type": final, "response": response}]
