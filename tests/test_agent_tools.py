@@ -451,3 +451,15 @@ def test_a_stream_whose_events_and_final_output_disagree_is_a_502(scripted, tkg)
         list(tkg.client().responses.create(model="m", input=user()[0]["content"], tools=[SHELL_RESPONSES],
                                            store=False, stream=True))
     assert failed.value.status_code == 502 and "differ from the streamed ones" in failed.value.message
+
+
+def test_a_forwarded_calls_secret_never_waits_in_the_store(scripted, tkg):
+    scripted.script({"tool_calls": [call("run_shell", {"command": "deploy", "api_token": "tok-9f8e7d6c5b4a"},
+                                         "c_secret")]})
+    message = tkg.client().chat.completions.create(model="m", messages=user(), tools=[SHELL]).choices[0].message
+    assert [c.id for c in message.tool_calls] == ["c_secret"]  # the agent gets its call as the model wrote it
+    files = [path for path in tkg.directory.iterdir() if path.name.startswith(("store.sqlite3", "audit.sqlite3"))]
+    assert len(files) >= 2  # the databases and their write-ahead logs, wherever the rows are
+    for path in files:
+        assert b"tok-9f8e7d6c5b4a" not in path.read_bytes(), path.name
+    assert by_call(tkg.directory, "c_secret")["arguments"]["api_token"] == "[redacted]"

@@ -285,8 +285,9 @@ class CallHandler:
                 log.error("the audit trail could not record the agent's call of %s: %s", record.tool, exc)
                 return False
         if self.store is not None:
-            self.store.put_link(digest(turn.tenant, "forwarded", record.call_id), record.model_dump(mode="json"),
-                                self.forwarded_ttl)
+            # kept until the result comes: redacted, as the trail has it (no secret waits in the store)
+            self.store.put_link(digest(turn.tenant, "forwarded", record.call_id),
+                                self.redactor.apply(record).model_dump(mode="json"), self.forwarded_ttl)
         for observer in self.observers:
             observer(record)
         return True
