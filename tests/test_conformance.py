@@ -17,7 +17,7 @@ from conftest import check_every_call_answered, start_toolkeeper
 sys.path.insert(0, str(Path(__file__).resolve().parent / "conformance"))
 import messages_cases
 import responses_cases
-from cases import WEATHER, cases, golden_path, reassemble, run_case, sse_chunks
+from cases import WEATHER, cases, golden_path, reassemble, run_case, sse_chunks, sse_events
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_responses_transcript_matches_the_golden_one(scripted, conformance_tk, k
     assert transcript["turn1"]["agent_sse"] == golden["turn1"]["agent_sse"]  # byte for byte
     assert transcript["turn1"]["upstream"] == golden["turn1"]["upstream"]
     assert transcript["turn2"]["upstream_input"] == golden["turn2"]["upstream_input"]
-    events = responses_cases.sse_events(golden["turn1"]["agent_sse"].encode())
+    events = sse_events(golden["turn1"]["agent_sse"].encode())
     # nothing of a declared call reaches the agent; one response, numbered without gaps
     assert '"lookup"' not in golden["turn1"]["agent_sse"] and "call_l1" not in golden["turn1"]["agent_sse"]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
@@ -89,7 +89,7 @@ def test_messages_transcript_matches_the_golden_one(scripted, conformance_tk, ki
     assert transcript["turn1"]["agent_sse"] == golden["turn1"]["agent_sse"]  # byte for byte
     assert transcript["turn1"]["upstream"] == golden["turn1"]["upstream"]
     assert transcript["turn2"]["upstream_messages"] == golden["turn2"]["upstream_messages"]
-    events = messages_cases.sse_events(golden["turn1"]["agent_sse"].encode())
+    events = sse_events(golden["turn1"]["agent_sse"].encode())
     sse = golden["turn1"]["agent_sse"]
     assert '"lookup"' not in sse and "toolu_l1" not in sse and "toolu_a1" not in sse
     assert [e["type"] for e in events].count("message_start") == 1 and events[-1]["type"] == "message_stop"

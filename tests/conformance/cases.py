@@ -71,17 +71,24 @@ def cases() -> list[tuple[str, str]]:
     return [(shape, kind) for shape in SHAPES for kind in scenarios(shape)]
 
 
-def _post_raw(base_url: str, body: dict) -> bytes:
+def post_raw(base_url: str, path: str, body: dict, headers: dict[str, str] | None = None) -> bytes:
+    """One POST to toolkeeper, its answer's bytes exactly as sent."""
     url = urllib.parse.urlsplit(base_url)
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-    connection.request("POST", url.path + "/chat/completions", json.dumps(body),
-                       {"Content-Type": "application/json", "Authorization": "Bearer sk-conformance"})
+    connection.request("POST", url.path + path, json.dumps(body),
+                       {"Content-Type": "application/json", **(headers or {"Authorization": "Bearer sk-conformance"})})
     response = connection.getresponse()
     data = response.read()
     connection.close()
     if response.status != 200:
         raise RuntimeError(f"{response.status}: {data!r}")
     return data
+
+
+def sse_events(data: bytes) -> list[dict]:
+    """Every `data:` line of a stream, parsed (Responses and Messages: no [DONE])."""
+    return [json.loads(line[len("data: "):]) for block in data.decode().split("\n\n")
+            for line in block.split("\n") if line.startswith("data: ")]
 
 
 def sse_chunks(data: bytes) -> list[dict]:
@@ -109,7 +116,7 @@ def run_case(shape: str, kind: str, toolkeeper_url: str, scripted) -> dict:
     request = {"model": "m", "messages": question, "tools": [WEATHER], "stream": True,
                "stream_options": {"include_usage": True}}
     scripted.script(*scenario["steps"])
-    agent_bytes = _post_raw(toolkeeper_url, request)
+    agent_bytes = post_raw(toolkeeper_url, "/chat/completions", request)
     turn1_upstream = scripted.bodies()
 
     message = reassemble(sse_chunks(agent_bytes))

@@ -7,9 +7,7 @@ real anthropic client assembles, and the exact upstream messages of turn 2.
 
 from __future__ import annotations
 
-import http.client
-import json
-import urllib.parse
+from cases import post_raw, sse_events
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -17,6 +15,8 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city.",
 
 def _call(name: str, arguments: dict, call_id: str) -> dict:
     return {"name": name, "arguments": arguments, "id": call_id}
+
+HEADERS = {"x-api-key": "sk-conformance", "anthropic-version": "2023-06-01"}
 
 
 def scenarios() -> dict[str, dict]:
@@ -42,25 +42,6 @@ def cases() -> list[str]:
     return list(scenarios())
 
 
-def _post_raw(base_url: str, body: dict) -> bytes:
-    url = urllib.parse.urlsplit(base_url)
-    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-    connection.request("POST", url.path + "/messages", json.dumps(body),
-                       {"Content-Type": "application/json", "x-api-key": "sk-conformance",
-                        "anthropic-version": "2023-06-01"})
-    response = connection.getresponse()
-    data = response.read()
-    connection.close()
-    if response.status != 200:
-        raise RuntimeError(f"{response.status}: {data!r}")
-    return data
-
-
-def sse_events(data: bytes) -> list[dict]:
-    return [json.loads(line[len("data: "):]) for block in data.decode().split("\n\n")
-            for line in block.split("\n") if line.startswith("data: ")]
-
-
 def assemble(events: list[dict]) -> dict:
     """The message the real anthropic client's stream builds from the events."""
     from anthropic.lib.streaming._messages import accumulate_event
@@ -77,7 +58,7 @@ def run_case(kind: str, toolkeeper_url: str, scripted) -> dict:
     question = [{"role": "user", "content": f"Conformance case messages/{kind}: look it up."}]
     request = {"model": "claude-test", "max_tokens": 1024, "messages": question, "tools": [WEATHER], "stream": True}
     scripted.script(*scenario["steps"])
-    agent_bytes = _post_raw(toolkeeper_url, request)
+    agent_bytes = post_raw(toolkeeper_url, "/messages", request, HEADERS)
     turn1_upstream = scripted.bodies()
     message = assemble(sse_events(agent_bytes))
     then = ({"role": "user", "content": "thanks"} if scenario["then"] == "user" else
@@ -85,7 +66,8 @@ def run_case(kind: str, toolkeeper_url: str, scripted) -> dict:
     content = [{k: v for k, v in block.items() if k != "parsed_output"} for block in message["content"]]
     turn2 = [*question, {"role": "assistant", "content": content}, then]
     scripted.script({"id": f"msg_{kind}9", "content": "ok"})
-    _post_raw(toolkeeper_url, {"model": "claude-test", "max_tokens": 1024, "messages": turn2, "tools": [WEATHER]})
+    post_raw(toolkeeper_url, "/messages", {"model": "claude-test", "max_tokens": 1024, "messages": turn2,
+                                           "tools": [WEATHER]}, HEADERS)
     return {
         "case": f"messages/{kind}",
         "turn1": {"request": request, "agent_sse": agent_bytes.decode(), "upstream": turn1_upstream,

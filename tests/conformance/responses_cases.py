@@ -8,9 +8,7 @@ history, `store: false`, as Codex does).
 
 from __future__ import annotations
 
-import http.client
-import json
-import urllib.parse
+from cases import post_raw, sse_events
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
@@ -45,24 +43,6 @@ def cases() -> list[str]:
     return list(scenarios())
 
 
-def _post_raw(base_url: str, body: dict) -> bytes:
-    url = urllib.parse.urlsplit(base_url)
-    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-    connection.request("POST", url.path + "/responses", json.dumps(body),
-                       {"Content-Type": "application/json", "Authorization": "Bearer sk-conformance"})
-    response = connection.getresponse()
-    data = response.read()
-    connection.close()
-    if response.status != 200:
-        raise RuntimeError(f"{response.status}: {data!r}")
-    return data
-
-
-def sse_events(data: bytes) -> list[dict]:
-    return [json.loads(line[len("data: "):]) for block in data.decode().split("\n\n")
-            for line in block.split("\n") if line.startswith("data: ")]
-
-
 def assemble(events: list[dict]) -> dict:
     """The response the real openai client's stream state builds from the events."""
     from openai import omit
@@ -85,14 +65,14 @@ def run_case(kind: str, toolkeeper_url: str, scripted) -> dict:
     request = {"model": "m", "input": question, "tools": [WEATHER], "stream": True, "store": False,
                "include": ["reasoning.encrypted_content"]}
     scripted.script(*scenario["steps"])
-    agent_bytes = _post_raw(toolkeeper_url, request)
+    agent_bytes = post_raw(toolkeeper_url, "/responses", request)
     turn1_upstream = scripted.bodies()
     response = assemble(sse_events(agent_bytes))
     then = ({"role": "user", "content": "thanks"} if scenario["then"] == "user" else
             {"type": "function_call_output", "call_id": "call_w1", "output": "sunny, 21 C"})
     turn2 = [*question, *response["output"], then]
     scripted.script({"id": f"resp_{kind}9", "created": CREATED + 9, "content": "ok"})
-    _post_raw(toolkeeper_url, {"model": "m", "input": turn2, "tools": [WEATHER], "store": False})
+    post_raw(toolkeeper_url, "/responses", {"model": "m", "input": turn2, "tools": [WEATHER], "store": False})
     return {
         "case": f"responses/{kind}",
         "turn1": {"request": request, "agent_sse": agent_bytes.decode(), "upstream": turn1_upstream,
