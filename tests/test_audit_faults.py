@@ -123,8 +123,7 @@ def test_a_hung_database_refuses_calls_quickly_and_never_freezes_the_proxy(scrip
     time.sleep(0.3)
     status, took = get(tk, "/healthz")
     assert status == 200 and took < 1.0, took  # the event loop is free while the database hangs
-    status, took = get(tk, "/readyz")
-    assert status == 503 and took < 5, took
+    assert ready_becomes(tk, 503, within=8)  # from the background check: never waiting on the database
     caller.join(30)
     assert str(results["answer"]).startswith("Not run: lookup could not be recorded in the audit trail")
     assert results["took"] < 6, results["took"]
@@ -134,6 +133,19 @@ def test_a_hung_database_refuses_calls_quickly_and_never_freezes_the_proxy(scrip
     while not ask(scripted, tk, "after").startswith("ran"):  # the stuck connection is given up, a new one opened
         assert time.monotonic() < deadline, "calls never ran again"
     assert ["lookup", "after"] in tk.calls()
+    assert ready_becomes(tk, 200, within=8)
+
+
+def ready_becomes(tk, status: int, within: float) -> bool:
+    """/readyz says `status` within so many seconds, each answer quick whatever the database does."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        said, took = get(tk, "/readyz")
+        assert took < 0.25, took  # 50 ms on a quiet machine; this one runs the suite on both cores
+        if said == status:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def test_calls_run_again_after_the_database_restarts(scripted, relayed):

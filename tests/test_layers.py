@@ -9,7 +9,8 @@ Read from the source with `ast`, so a lazy import inside a function counts too.
                                                             knows the turn (engine)
     policy/   decisions, rules, OPA, consent, approvals     never aiohttp, never the engine
     audit/    the record and the trail                      nothing else of toolkeeper
-    common, settings, metrics: leaves every layer may use; app.py and cli/ compose them all.
+    store/    history, links, retry memo, approvals (SQL)   nothing else of toolkeeper
+    common, database, settings, metrics: leaves every layer may use; app.py and cli/ compose them all.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "proxy" / "toolkeeper"
-LAYERS = ("wire", "engine", "tools", "runners", "policy", "audit", "cli")
-LEAVES = ("toolkeeper.common", "toolkeeper.settings", "toolkeeper.metrics")
+LAYERS = ("wire", "engine", "tools", "runners", "policy", "audit", "store", "cli")
+LEAVES = ("toolkeeper.common", "toolkeeper.database", "toolkeeper.settings", "toolkeeper.metrics")
 FORBIDDEN = {
     "engine": {"toolkeeper.wire", "toolkeeper.cli", "toolkeeper.app", "aiohttp"},
     "tools": {"toolkeeper.runners", "toolkeeper.policy", "toolkeeper.engine", "toolkeeper.audit",
@@ -31,7 +32,10 @@ FORBIDDEN = {
                 "toolkeeper.cli", "toolkeeper.app"},
     "policy": {"toolkeeper.engine", "toolkeeper.wire", "toolkeeper.cli", "toolkeeper.app", "aiohttp"},
     "audit": {"toolkeeper.wire", "toolkeeper.engine", "toolkeeper.tools", "toolkeeper.runners",
-              "toolkeeper.policy", "toolkeeper.cli", "toolkeeper.app", "toolkeeper.metrics",
+              "toolkeeper.policy", "toolkeeper.store", "toolkeeper.cli", "toolkeeper.app", "toolkeeper.metrics",
+              "toolkeeper.settings"},
+    "store": {"toolkeeper.wire", "toolkeeper.engine", "toolkeeper.tools", "toolkeeper.runners",
+              "toolkeeper.policy", "toolkeeper.audit", "toolkeeper.cli", "toolkeeper.app", "toolkeeper.metrics",
               "toolkeeper.settings"},
     "wire": {"toolkeeper.runners", "toolkeeper.cli", "toolkeeper.app"},
 }
@@ -87,11 +91,13 @@ def test_other_layers_are_reached_through_their_facade():
     assert not broken
 
 
-def test_audit_imports_nothing_of_toolkeeper_but_the_common_leaf():
+@pytest.mark.parametrize("kept", ["audit", "store"])
+def test_what_is_kept_imports_nothing_of_toolkeeper_but_its_leaves(kept):
     for module, path in modules().items():
-        if layer(module) == "audit":
+        if layer(module) == kept:
             mine = {name for name in imports(path) if name.startswith("toolkeeper")}
-            assert mine <= {"toolkeeper.common"} | {m for m in modules() if layer(m) == "audit"}, module
+            assert mine <= {"toolkeeper.common", "toolkeeper.database"} | {m for m in modules()
+                                                                           if layer(m) == kept}, module
 
 
 def test_no_import_circle():

@@ -8,6 +8,7 @@ Nothing else builds these objects; each layer gets what it needs from here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Iterable
@@ -16,16 +17,16 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from toolkeeper.audit import Observer, Redactor, SQLAudit, open_audit
-from toolkeeper.engine import CallHandler, Engine, History, SQLiteStore
+from toolkeeper.engine import CallHandler, Engine, History
 from toolkeeper.metrics import Metrics
 from toolkeeper.policy import (
     ApprovalsConsent,
-    ApprovalsStore,
     Consent,
     NoConsent,
     OpaPolicy,
     Policy,
     Rules,
+    RulesError,
     TerminalConsent,
     default_rules_path,
     has_terminal,
@@ -33,41 +34,43 @@ from toolkeeper.policy import (
 )
 from toolkeeper.runners import runners_for
 from toolkeeper.settings import TOKEN_VARIABLE, Settings
-from toolkeeper.tools import Agent, load_agent_keys
+from toolkeeper.store import Store, open_store
+from toolkeeper.tools import Agent, AgentFileError, load_agent_file, load_agent_keys
 from toolkeeper.wire import AdminGuard, AuditPage, Check, admin_app, approvals_api, proxy_app
 
 log = logging.getLogger("toolkeeper")
 
-POLICY = web.AppKey("policy", Policy)
 STORE_FILE = "toolkeeper.sqlite3"
 AUDIT_FILE = "toolkeeper-audit.sqlite3"
 
 
 @dataclass
 class Stores:
-    """What toolkeeper keeps: hidden history and retries, approvals, and the audit trail."""
+    """What toolkeeper keeps: hidden history, retries and approvals (the store), and the audit trail."""
 
-    store: SQLiteStore
-    approvals: ApprovalsStore
+    store: Store
     audit: SQLAudit
 
     @classmethod
     def open(cls, agent: Agent, settings: Settings) -> Stores:
-        store_path = settings.store or agent.directory / STORE_FILE
         redactor = Redactor.from_settings(settings.redact, settings.redact_only)
         audit = open_audit(settings.audit or agent.directory / AUDIT_FILE, redactor)
         closed = audit.close_interrupted()
         if closed:
             log.warning("%d calls were left running by a toolkeeper that stopped: closed as interrupted", closed)
-        return cls(SQLiteStore(store_path), ApprovalsStore(store_path), audit)
+        try:
+            store = open_store(settings.store or agent.directory / STORE_FILE)
+        except BaseException:
+            audit.close()
+            raise
+        return cls(store, audit)
 
     def checks(self) -> dict[str, Check]:
         """For /readyz: each raises when its store does not answer."""
-        return {"store": lambda: self.store.get_call_result("readyz"), "audit": self.audit.check}
+        return {"store": self.store.check, "audit": lambda: asyncio.to_thread(self.audit.check)}
 
-    def close(self) -> None:
-        self.store.close()
-        self.approvals.close()
+    async def close(self) -> None:
+        await self.store.close()
         self.audit.close()
 
 
@@ -76,10 +79,9 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     """The app for one agent file. `consent` and `observers` stand in for the channel and add record readers
     (the demo answers for the user, tests read records); everything else comes from `settings`."""
     stores = Stores.open(agent, settings)
-    policy = Policy(agent.config.yolo, *policy_sources(settings))
-    for warning in policy.rules.warnings(agent) if policy.rules else ():
-        log.warning("%s", warning)
-    consent = consent or consent_channel(settings, stores.approvals)
+    opa = OpaPolicy(settings.opa_url, settings.opa_path, settings.opa_timeout) if settings.opa_url else None
+    policy = Policy(agent.config.yolo, rules_in_force(settings, agent), opa)
+    consent = consent or consent_channel(settings, stores.store)
     metrics = Metrics()
     calls = CallHandler(runners=runners_for({tool.spec.runner for tool in agent.tools.values()}), consent=consent,
                         policy=policy, store=stores.store, observers=[metrics.record, *observers],
@@ -93,20 +95,54 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
         lambda: {(("outcome", outcome),): float(history.counts[outcome]) for outcome in ("hit", "miss")})
 
     guard = AdminGuard(settings.admin_token)
-    channel = consent if isinstance(consent, ApprovalsConsent) else None
-    admin = admin_app(guard, approvals_api(stores.approvals, channel), AuditPage(stores.audit, guard))
+    admin = admin_app(guard, approvals_api(stores.store), AuditPage(stores.audit, guard))
     api_key = os.environ[agent.config.api_key_env] if agent.config.api_key_env else None
     app = proxy_app(engine, settings, upstream_url=agent.config.upstream, api_key=api_key, metrics=metrics,
                     admin=admin, agent_keys=agent_keys(agent, settings), checks=stores.checks(), store=stores.store)
 
     async def close(app: web.Application) -> None:
-        if policy.opa is not None:
-            await policy.opa.close()
-        stores.close()
+        if opa is not None:
+            await opa.close()
+        await stores.close()
 
     app.on_cleanup.append(close)
-    app[POLICY] = policy
+    app[RELOAD] = Reloader(engine, calls, settings)
     return app
+
+
+class Reloader:
+    """SIGHUP: the agent file and the rules read again, and used by the turns that begin after; when either
+    does not load, the ones in force stay (logged). The audit record names the revisions that decided."""
+
+    def __init__(self, engine: Engine, calls: CallHandler, settings: Settings):
+        self.engine = engine
+        self.calls = calls
+        self.settings = settings
+
+    def describe(self) -> str:
+        return self.calls.policy.describe()
+
+    def __call__(self) -> bool:
+        old = self.engine.agent
+        try:
+            agent = load_agent_file(old.path, upstream=self.settings.upstream)
+            rules = rules_in_force(self.settings, agent)
+            runners = runners_for({tool.spec.runner for tool in agent.tools.values()})
+        except (AgentFileError, RulesError, OSError, ValueError) as exc:
+            log.error("reload failed, the agent file and the rules in force are kept: %s", exc)
+            return False
+        for key in ("upstream", "api_key_env", "agents"):
+            if getattr(agent.config, key) != getattr(old.config, key):
+                log.warning("the agent file's %s changed: it takes effect at the next restart", key)
+        self.calls.runners = runners
+        self.calls.policy = Policy(agent.config.yolo, rules, self.calls.policy.opa)
+        self.engine.use(agent)
+        log.info("reloaded: %d declared tools from %s @%s, %s", len(agent.tools), agent.path, agent.revision,
+                 self.describe())
+        return True
+
+
+RELOAD = web.AppKey("reload", Reloader)
 
 
 def agent_keys(agent: Agent, settings: Settings) -> dict[str, str]:
@@ -120,28 +156,33 @@ def agent_keys(agent: Agent, settings: Settings) -> dict[str, str]:
     return keys
 
 
-def policy_sources(settings: Settings) -> tuple[Rules | None, OpaPolicy | None]:
-    """The YAML rules (the shipped default unless --policy says otherwise) and the OPA server, if any."""
+def rules_in_force(settings: Settings, agent: Agent) -> Rules | None:
+    """The YAML rules: the shipped default unless --policy says otherwise (none beside OPA unless given)."""
     if settings.policy == "none" or (settings.opa_url and not settings.policy):
-        rules = None
-    else:
-        rules = load_rules(settings.policy or default_rules_path())
-    opa = OpaPolicy(settings.opa_url, settings.opa_path, settings.opa_timeout) if settings.opa_url else None
-    return rules, opa
+        return None
+    rules = load_rules(settings.policy or default_rules_path())
+    for warning in rules.warnings(agent):
+        log.warning("%s", warning)
+    return rules
 
 
-def consent_channel(settings: Settings, approvals: ApprovalsStore) -> Consent:
+def consent_mode(settings: Settings) -> str:
+    """--consent, with `auto` resolved: the terminal when there is one, else approvals when a token is set."""
+    if settings.consent != "auto":
+        return settings.consent
+    return "terminal" if has_terminal() else ("approvals" if settings.admin_token else "none")
+
+
+def consent_channel(settings: Settings, store: Store) -> Consent:
     """Who is asked: the terminal, the approvals API (needs the admin token), or no one.
 
     `auto`: the terminal when there is one, else approvals when a token is set, else no one.
     """
-    mode = settings.consent
-    if mode == "auto":
-        mode = "terminal" if has_terminal() else ("approvals" if settings.admin_token else "none")
+    mode = consent_mode(settings)
     if mode == "approvals":
         if not settings.admin_token:
             raise ValueError(f"the approvals channel needs an admin token: set {TOKEN_VARIABLE}")
-        return ApprovalsConsent(approvals, timeout=settings.consent_timeout)
+        return ApprovalsConsent(store, timeout=settings.consent_timeout)
     if mode == "terminal":
         return TerminalConsent(timeout=settings.consent_timeout)
     return NoConsent()

@@ -1,24 +1,38 @@
-"""Every `serve` option, declared once: its default, its help, and the flag derived from it.
+"""Every `serve` option, declared once: its default, its help, and where else it may come from.
 
 `toolkeeper serve` builds its command line from these fields, and
 `app.build_app(agent, settings)` reads nothing else. Adding an option is one
-field here and the code that reads it.
+field here and the code that reads it. Each option comes, by precedence, from
+
+    its flag (--read-timeout 30)  >  TOOLKEEPER_READ_TIMEOUT=30  >  --config FILE (read_timeout: 30)  >  default
+
+A secret (the admin token, a database URL with its password) may also come
+from a file, the way container platforms mount them: TOOLKEEPER_ADMIN_TOKEN_FILE
+or `admin_token_file:` names the file. Secrets never appear in a repr or a log.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 TOKEN_VARIABLE = "TOOLKEEPER_ADMIN_TOKEN"  # noqa: S105 - the variable's name, not a token
+PREFIX = "TOOLKEEPER_"
+CONFIG_VARIABLE = "TOOLKEEPER_CONFIG"
+
+
+class SettingsError(ValueError):
+    pass
 
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, metavar: str | None = None,
-           flag: bool = True) -> Any:
-    """A setting: `flag=False` for one that never comes from the command line (a secret, read from the environment)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar, "flag": flag})
+           flag: bool = True, secret: bool = False) -> Any:
+    """A setting: `flag=False` for one that never comes from the command line (the token: a command line is
+    visible to every user of the machine); `secret` for one that may come from a file and is never shown."""
+    return field(default=default, repr=not secret,
+                 metadata={"help": help, "choices": choices, "metavar": metavar, "flag": flag, "secret": secret})
 
 
 @dataclass(frozen=True)
@@ -28,10 +42,13 @@ class Settings:
     upstream: str | None = option(None, "the model server's base URL, instead of the agent file's `upstream:`")
     read_timeout: float = option(300.0, "seconds to wait for the model server's next byte")
     keepalive: float = option(5.0, "seconds between SSE keep-alive comments while a tool runs")
-    store: str | None = option(None, "the SQLite file for hidden history, retries and approvals "
-                                     "(default: toolkeeper.sqlite3 next to the agent file)")
+    workers: int = option(1, "processes serving the port, sharing the store (0: one per core)")
+    store: str | None = option(None, "hidden history, retries and approvals: an SQLite file (default: "
+                                     "toolkeeper.sqlite3 next to the agent file) or a postgresql:// URL, shared by "
+                                     "several replicas", secret=True)
     audit: str | None = option(None, "the audit trail: an SQLite file (default: toolkeeper-audit.sqlite3 next to "
-                                     "the agent file) or a postgresql:// URL, shared by several replicas")
+                                     "the agent file) or a postgresql:// URL, shared by several replicas",
+                               secret=True)
     redact: tuple[str, ...] = option((), "also redact argument values whose names contain PATTERN, beside the "
                                          "defaults (key, token, secret, password, authorization); repeatable",
                                      metavar="PATTERN")
@@ -59,35 +76,111 @@ class Settings:
     idle_timeout: float = option(15.0, "seconds a connection may stay without a complete request (before its "
                                        "headers, or between requests) before it is closed")
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
-    admin_token: str | None = option(None, f"the admin API's token, from ${TOKEN_VARIABLE}", flag=False)
+    admin_token: str | None = option(None, f"the admin API's token, from ${TOKEN_VARIABLE}", flag=False,
+                                     secret=True)
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """One flag per setting (`read_timeout` -> `--read-timeout`), typed by its default."""
+        """One flag per setting (`read_timeout` -> `--read-timeout`), typed by its default; a flag not given is
+        None, so the environment and the config file can fill it."""
+        parser.add_argument("--config", metavar="FILE", help="read options from a YAML file of flat keys named like "
+                            f"the long options (read_timeout: 30); default: ${CONFIG_VARIABLE}")
         for setting in fields(cls):
             meta = setting.metadata
             if not meta["flag"]:
                 continue
-            default = setting.default if setting.default is not MISSING else None
-            shown = f" (default {default})" if default not in (None, ()) else ""
-            kwargs: dict[str, Any] = {"help": meta["help"] + shown, "default": default, "dest": setting.name}
+            shown = f" (default {setting.default})" if setting.default not in (None, ()) else ""
+            kwargs: dict[str, Any] = {"help": meta["help"] + shown, "default": None, "dest": setting.name}
             if meta["choices"]:
                 kwargs["choices"] = meta["choices"]
             if meta["metavar"]:
                 kwargs["metavar"] = meta["metavar"]
-            if isinstance(default, tuple):
-                kwargs.update(action="append", default=None)
-            elif isinstance(default, (int, float)) and not isinstance(default, bool):
-                kwargs["type"] = type(default)
+            if isinstance(setting.default, tuple):
+                kwargs["action"] = "append"
+            elif isinstance(setting.default, (int, float)) and not isinstance(setting.default, bool):
+                kwargs["type"] = type(setting.default)
             parser.add_argument("--" + setting.name.replace("_", "-"), **kwargs)
 
     @classmethod
     def from_arguments(cls, arguments: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
+        """Flags > TOOLKEEPER_* variables > the config file > defaults; raises SettingsError saying what is wrong."""
         environ = dict(os.environ) if environ is None else environ
-        values = {s.name: getattr(arguments, s.name) for s in fields(cls) if s.metadata["flag"]}
-        for name, value in values.items():
-            if isinstance(value, list):  # repeatable flags
-                values[name] = tuple(value)
-            elif value is None and isinstance(getattr(cls, name, None), tuple):
-                values[name] = ()
-        return cls(**values, admin_token=environ.get(TOKEN_VARIABLE) or None)
+        config = getattr(arguments, "config", None) or environ.get(CONFIG_VARIABLE)
+        values: dict[str, Any] = {}
+        for layer in (read_config(config) if config else {}, from_environment(environ)):
+            values.update(layer)
+        values.update({s.name: getattr(arguments, s.name) for s in fields(cls)
+                       if s.metadata["flag"] and getattr(arguments, s.name, None) is not None})
+        return cls(**{name: typed(name, value) for name, value in values.items()})
+
+
+SETTINGS = {setting.name: setting for setting in fields(Settings)}
+
+
+def typed(name: str, value: Any) -> Any:
+    """A value from a flag, a variable or the file, as the setting's type (a list for a repeatable one)."""
+    setting = SETTINGS[name]
+    default = setting.default
+    try:
+        if isinstance(default, tuple):
+            items = value.split(",") if isinstance(value, str) else value
+            value = tuple(str(item).strip() for item in items if str(item).strip())
+        elif isinstance(default, bool):
+            value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+        elif isinstance(default, (int, float)):
+            value = type(default)(value)
+        elif value is not None:
+            value = str(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name}: {value!r} is not a {type(default).__name__}") from None
+    choices = setting.metadata["choices"]
+    if choices and value not in choices:
+        raise SettingsError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def from_environment(environ: dict[str, str]) -> dict[str, Any]:
+    """TOOLKEEPER_READ_TIMEOUT=30, TOOLKEEPER_ALLOW_ORIGIN=https://a,https://b; a secret also from *_FILE."""
+    values: dict[str, Any] = {}
+    for name, setting in SETTINGS.items():
+        variable = PREFIX + name.upper()
+        if setting.metadata["secret"] and environ.get(variable + "_FILE"):
+            values[name] = read_secret(environ[variable + "_FILE"], variable + "_FILE")
+        if environ.get(variable):
+            values[name] = environ[variable]
+    return values
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """The config file: flat keys named like the long options (dashes or underscores); `<secret>_file` names a
+    file holding a secret."""
+    import yaml  # only when a config file is used
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            loaded = yaml.safe_load(handle) or {}
+    except OSError as exc:
+        raise SettingsError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"the config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise SettingsError(f"the config file {path} must be a mapping of option names to values")
+    values: dict[str, Any] = {}
+    for key, value in loaded.items():
+        name = str(key).replace("-", "_")
+        if name.endswith("_file") and name[:-5] in SETTINGS and SETTINGS[name[:-5]].metadata["secret"]:
+            values[name[:-5]] = read_secret(str(value), f"{key} in {path}")
+        elif name in SETTINGS:
+            values[name] = value
+        else:
+            known = ", ".join(sorted(SETTINGS))
+            raise SettingsError(f"{path}: unknown option {key!r} (known: {known})")
+    return values
+
+
+def read_secret(path: str, where: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError as exc:
+        raise SettingsError(f"cannot read the secret file named by {where}: {exc.strerror or exc}") from None

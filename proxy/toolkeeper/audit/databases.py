@@ -6,8 +6,8 @@ acknowledged before a run survives a power loss; a write costs an fsync
 
 PostgreSQL: appends take turns on a transaction-scoped advisory lock, so
 replicas never race for the chain's head (the unique previous hash is the
-safety net). Connecting waits at most `CONNECT_WAIT` seconds, a statement at
-most `WRITE_WAIT`; a connection the server dropped (a restart) is opened
+safety net). Connecting and a statement wait at
+most `WRITE_WAIT` (toolkeeper/database.py); a connection the server dropped (a restart) is opened
 again on the next use, and one stuck on a server that does not answer is cut.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import socket
 import sqlite3
 from pathlib import Path
@@ -24,8 +23,8 @@ from typing import Any
 from toolkeeper.audit.events import AuditError
 from toolkeeper.audit.redaction import Redactor
 from toolkeeper.audit.trail import SCHEMA, WRITE_WAIT, SQLAudit
+from toolkeeper.database import connect_arguments, is_postgres_url, without_password
 
-CONNECT_WAIT = 2
 SCHEMA_LOCK = 7335002  # an advisory lock: replicas starting together create the schema one at a time
 
 
@@ -67,12 +66,8 @@ class PostgresAudit(SQLAudit):
         if not self.dropped():
             return self._db
         psycopg = self._psycopg
-        wait = int(WRITE_WAIT * 1000)
         try:
-            given = psycopg.conninfo.conninfo_to_dict(self.path).get("options") or ""
-            db = psycopg.connect(self.path, autocommit=True, connect_timeout=CONNECT_WAIT,
-                                 options=f"{given} -c statement_timeout={wait} -c lock_timeout={wait}".strip(),
-                                 keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=2)
+            db = psycopg.connect(self.path, autocommit=True, **connect_arguments(self.path, WRITE_WAIT))
             with db.transaction():
                 db.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
                 db.execute(SCHEMA.format(serial="BIGSERIAL PRIMARY KEY", real="DOUBLE PRECISION", blob="BYTEA"))
@@ -97,10 +92,6 @@ class PostgresAudit(SQLAudit):
 def open_audit(location: str | Path, redactor: Redactor | None = None) -> SQLAudit:
     """A path is an SQLite file; a postgresql:// URL a PostgreSQL database."""
     text = str(location)
-    if text.startswith(("postgresql://", "postgres://")):
+    if is_postgres_url(text):
         return PostgresAudit(text, redactor)
     return SQLiteAudit(text, redactor)
-
-
-def without_password(url: str) -> str:
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)

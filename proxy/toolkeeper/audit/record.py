@@ -53,6 +53,7 @@ class ExecutionRecord(BaseModel):
     decision_reason: str = _in("decided", "")
     decision_rule: str | None = _in("decided")  # the rule that decided, when the security team's rules did
     policy_revision: str | None = _in("decided")  # which rules: a hash of the rules file, or OPA's bundle revision
+    agent_revision: str | None = _in("decided")  # which declarations: a hash of the agent file
     decision_id: str | None = _in("decided")  # OPA's decision id
     policy_input: dict[str, Any] | None = _in("decided")  # the document the policy read
     consent: str | None = _in("decided")  # approved | denied, when someone was asked

@@ -1,15 +1,18 @@
-"""`toolkeeper serve AGENT_FILE`: the proxy, on the flags `Settings` declares."""
+"""`toolkeeper serve AGENT_FILE`: the proxy, on the options `Settings` declares (flags, TOOLKEEPER_*, --config)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sqlite3
 import sys
 
-from toolkeeper.settings import Settings
+from toolkeeper.settings import Settings, SettingsError
+
+log = logging.getLogger("toolkeeper")
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -21,16 +24,31 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from toolkeeper.audit import AuditError
+    from toolkeeper.cli.workers import supervise, worker_count
     from toolkeeper.policy import RulesError
+    from toolkeeper.store import SchemaError, StoreError
     from toolkeeper.tools import AgentFileError, load_agent_file
 
-    settings = Settings.from_arguments(args)
+    try:
+        settings = Settings.from_arguments(args)
+    except SettingsError as exc:
+        print(f"toolkeeper: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         agent = load_agent_file(args.agent_file, upstream=settings.upstream)
+        workers = worker_count(settings)
+        if workers > 1:
+            def worker(given: Settings, ready_fd: int) -> int:
+                return asyncio.run(serve(agent, given, ready_fd=ready_fd))
+
+            def announce(port: int, policy: str) -> None:
+                print(listening_line(agent, settings.host, port, policy, workers), flush=True)
+
+            return supervise(settings, workers, worker, announce)
         return asyncio.run(serve(agent, settings))
-    except (AgentFileError, RulesError, AuditError, ValueError) as exc:
+    except (AgentFileError, RulesError, AuditError, StoreError, SchemaError, ValueError) as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
     except sqlite3.Error as exc:
@@ -39,10 +57,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-async def serve(agent, settings: Settings) -> int:
+async def serve(agent, settings: Settings, *, ready_fd: int | None = None) -> int:
+    """One process serving the port; a worker (`ready_fd`: its supervisor's pipe) shares it with its siblings."""
     from aiohttp import web
 
-    from toolkeeper.app import POLICY, build_app
+    from toolkeeper.app import RELOAD, build_app
 
     app = build_app(agent, settings)
     # handler_cancellation: an agent that disconnects cancels its turn, and with
@@ -50,7 +69,7 @@ async def serve(agent, settings: Settings) -> int:
     # keepalive_timeout also closes a connection that never completes its request's headers
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.idle_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=ready_fd is not None)
     try:
         await site.start()
     except OSError as exc:
@@ -58,14 +77,23 @@ async def serve(agent, settings: Settings) -> int:
               file=sys.stderr)
         await runner.cleanup()
         return 1
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    print(f"toolkeeper listening on http://{settings.host}:{port}/v1 ({len(agent.tools)} declared tools from "
-          f"{agent.path}, upstream {agent.config.upstream}, {app[POLICY].describe()})", flush=True)
+    if ready_fd is None:
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        print(listening_line(agent, settings.host, port, app[RELOAD].describe()), flush=True)
+    else:
+        os.write(ready_fd, app[RELOAD].describe().encode() + b"\n")
+        os.close(ready_fd)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, app[RELOAD])  # read the agent file and the rules again
     await stop.wait()
     await runner.cleanup()
     return 0
 
+
+def listening_line(agent, host: str, port: int, policy: str, workers: int = 1) -> str:
+    processes = f", {workers} workers" if workers > 1 else ""
+    return (f"toolkeeper listening on http://{host}:{port}/v1 ({len(agent.tools)} declared tools from "
+            f"{agent.path}, upstream {agent.config.upstream}, {policy}{processes})")

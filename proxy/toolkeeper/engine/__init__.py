@@ -9,7 +9,6 @@ the hidden history and its store. It never imports HTTP.
 from toolkeeper.engine.calls import CallContext, CallHandler, Outcome
 from toolkeeper.engine.history import DEFAULT_TTL, History
 from toolkeeper.engine.loop import MAX_ROUNDS, Engine, tool_name
-from toolkeeper.engine.store import SQLiteStore, Store
 from toolkeeper.engine.types import (
     Event,
     Model,
@@ -33,8 +32,6 @@ __all__ = [
     "Model",
     "Outcome",
     "Round",
-    "SQLiteStore",
-    "Store",
     "ToolCall",
     "TurnContext",
     "TurnResult",

@@ -18,14 +18,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from toolkeeper.audit import AuditError, CallStatus, ExecutionRecord, Observer, Redactor, SQLAudit
+from toolkeeper.audit import AuditError, ExecutionRecord, Observer, Redactor, SQLAudit
 from toolkeeper.common import canonical_json, digest, printable, sha256_hex
-from toolkeeper.engine.store import Store
+from toolkeeper.engine.memo import Attempt, RetryMemo
 from toolkeeper.engine.types import ToolCall, TurnContext
 from toolkeeper.policy import Consent, ConsentRequest, Decision, Policy, arguments_hash, policy_input
 from toolkeeper.runners import Runner
+from toolkeeper.store import Store, StoreError
 from toolkeeper.tools import DeclaredTool, RenderError, check_arguments, invalid_call_answer, parse_arguments
 
 log = logging.getLogger("toolkeeper")
@@ -72,7 +71,7 @@ class _Call:
     repeats: int = 0
     values: dict[str, Any] = field(default_factory=dict)
     argv: list[str] = field(default_factory=list)
-    memo_key: str = ""
+    attempt: Attempt | None = None  # this attempt's claim in the retry memo
 
     @property
     def name(self) -> str:
@@ -91,11 +90,10 @@ class CallHandler:
         self.policy = policy
         self.store = store
         self.observers = list(observers)
-        self.retry_window = retry_window
+        self.memo = RetryMemo(store, retry_window) if store is not None else None
         self.forwarded_ttl = forwarded_ttl  # how long a forwarded call waits for its result to be recorded
         self.audit = audit
         self.redactor = audit.redactor if audit is not None else Redactor()
-        self._running: dict[str, asyncio.Future[tuple[str, CallStatus]]] = {}
         self._swept = time.monotonic()  # when forwarded calls were last looked at for `unanswered`
         # The steps in order; each answers, or returns None to go on. The run comes last.
         self.steps: tuple[Step, ...] = (self._detect_loop, self._check, self._replay, self._decide, self._record)
@@ -105,15 +103,20 @@ class CallHandler:
         record = ExecutionRecord(request_id=context.turn.request_id, agent=context.turn.agent, api=context.turn.api,
                                  tool=tool.name,
                                  runner=tool.spec.runner, call_id=call.id, arguments_sent=call.arguments,
-                                 status="invalid", policy_revision=self.policy.revision)
+                                 status="invalid", policy_revision=self.policy.revision,
+                                 agent_revision=context.turn.agent_revision or None)
         state = _Call(call, tool, context, record, truncated)
         outcome = None
-        for step in self.steps:
-            outcome = await step(state)
-            if outcome is not None:
-                break
-        else:
-            outcome = await self._run(state)
+        try:
+            for step in self.steps:
+                outcome = await step(state)
+                if outcome is not None:
+                    break
+            else:
+                outcome = await self._run(state)
+        finally:
+            if state.attempt is not None:
+                await state.attempt.end()
         record.answer = outcome.answer
         await self._close(record, outcome)
         return outcome
@@ -175,10 +178,18 @@ class CallHandler:
         return None
 
     async def _replay(self, state: _Call) -> Outcome | None:
-        """A retried request (the openai client retries twice by default) gets the result of the call it ran."""
+        """A retried request (the openai client retries twice by default) gets the result of the call it ran,
+        wherever it ran; while that attempt still runs, the retry waits for it."""
         request_key = state.context.turn.request_key
-        state.memo_key = digest(request_key, state.signature, str(state.repeats)) if request_key else ""
-        replayed = await self._replayed(state.memo_key)
+        if not request_key or self.memo is None:
+            return None
+        try:
+            replayed, state.attempt = await self.memo.lookup(digest(request_key, state.signature, str(state.repeats)))
+        except StoreError as exc:
+            state.record.status = "failed"
+            state.record.decided_by(Decision("deny", "store", f"the store did not answer: {exc}"))
+            return Outcome(f"Not run: toolkeeper could not tell whether this call already ran ({exc}), and runs "
+                           "nothing twice. Tell the user; it may work again later.", detail=str(exc))
         if replayed is None:
             return None
         state.record.decided_by(Decision("allow", "retry", "a retry of a request that already ran this call"))
@@ -218,29 +229,23 @@ class CallHandler:
 
     async def _run(self, state: _Call) -> Outcome:
         record = state.record
-        running = asyncio.get_running_loop().create_future()
-        if state.memo_key:
-            self._running[state.memo_key] = running
+        if state.attempt is not None:
+            state.attempt.started()
         try:
             result = await self.runners[state.tool.spec.runner].run(state.tool, state.argv, state.values)
         except BaseException as exc:
-            running.cancel()
             self._closed_early(record, exc)
             raise
-        finally:
-            self._running.pop(state.memo_key, None)
         record.status = result.status if result.status in ("ok", "timeout") else "failed"
         record.exit_code, record.trap = result.exit_code, result.trap
         record.duration_ms = round(result.duration * 1000, 3)
         record.output_bytes = result.stdout.total
         record.output_sha256 = result.stdout.digest()
         answer = result.answer()
-        running.set_result((answer, record.status))
         detail = result.detail or result.trap or (f"exit status {result.exit_code}" if result.status == "failed"
                                                   else "")
-        if state.memo_key and self.store is not None:
-            self.store.put_call_result(state.memo_key, orjson.dumps([answer, record.status]).decode(),
-                                       self.retry_window)
+        if state.attempt is not None:
+            await state.attempt.finish(answer, record.status)
         return Outcome(answer, ran=True, detail=detail)
 
     # -- the agent's own calls ----------------------------------------------------------
@@ -252,7 +257,8 @@ class CallHandler:
         arguments, _ = parse_arguments(call.arguments)
         record = ExecutionRecord(request_id=turn.request_id, agent=turn.agent, api=turn.api, tool=call.name,
                                  runner="", call_id=call.id, arguments_sent=call.arguments, arguments=arguments,
-                                 source="agent", status="denied", policy_revision=self.policy.revision)
+                                 source="agent", status="denied", policy_revision=self.policy.revision,
+                                 agent_revision=turn.agent_revision or None)
         # what an approver sees and an approval is bound to: the arguments, or their text when not an object
         values = arguments if isinstance(arguments, dict) else {"arguments": call.arguments_text}
         state = _Call(call, None, context, record, False, values=values)  # type: ignore[arg-type]
@@ -286,8 +292,12 @@ class CallHandler:
                 return False
         if self.store is not None:
             # kept until the result comes: redacted, as the trail has it (no secret waits in the store)
-            self.store.put_link(digest(turn.tenant, "forwarded", record.call_id),
-                                self.redactor.apply(record).model_dump(mode="json"), self.forwarded_ttl)
+            try:
+                await self.store.put_link(digest(turn.tenant, "forwarded", record.call_id),
+                                          self.redactor.apply(record).model_dump(mode="json"), self.forwarded_ttl)
+            except StoreError as exc:  # the call goes on; its record will stay `forwarded`
+                log.error("the agent's call of %s is forwarded, but its result cannot be awaited: %s", record.tool,
+                          exc)
         for observer in self.observers:
             observer(record)
         return True
@@ -301,7 +311,7 @@ class CallHandler:
             if not isinstance(message, dict) or message.get("role") != "tool":
                 continue
             # taken: a replayed history completes nothing twice
-            stored = self.store.take_link(digest(turn.tenant, "forwarded", str(message.get("tool_call_id"))))
+            stored = await self.store.take_link(digest(turn.tenant, "forwarded", str(message.get("tool_call_id"))))
             if stored is None:
                 continue
             record = ExecutionRecord.model_validate(stored)
@@ -312,7 +322,7 @@ class CallHandler:
             await self._complete(record)
         if time.monotonic() - self._swept > min(SWEEP_EVERY, self.forwarded_ttl):
             self._swept = time.monotonic()
-            for stored in self.store.take_expired_links():
+            for stored in await self.store.take_expired_links():
                 if stored.get("source") == "agent" and stored.get("status") == "forwarded":
                     record = ExecutionRecord.model_validate(stored)
                     record.status, record.answer = "unanswered", "(the agent never sent this call's result back)"
@@ -334,24 +344,6 @@ class CallHandler:
         log.info("declared call %s: %s", record.tool, record.status)
         if self.audit is not None:
             self.audit.write_later("completed", record)
-
-    async def _replayed(self, memo_key: str) -> tuple[str, CallStatus] | None:
-        if not memo_key:
-            return None
-        running = self._running.get(memo_key)
-        if running is not None:  # the first attempt is still running it: wait for its result
-            try:
-                return await asyncio.shield(running)
-            except asyncio.CancelledError:
-                if not running.cancelled():
-                    raise  # this request was cancelled, not the first
-                return None  # the first attempt was cancelled (its agent left): run it here
-        if self.store is not None:
-            stored = self.store.get_call_result(memo_key)
-            if stored is not None:
-                answer, status = orjson.loads(stored)
-                return answer, status
-        return None
 
     async def _ask(self, state: _Call, asking: Decision) -> Decision:
         started = time.monotonic()

@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from toolkeeper.engine.store import Store
+from toolkeeper.store import Store
 
 log = logging.getLogger("toolkeeper")
 
@@ -105,7 +105,7 @@ class History:
         self.ttl = ttl
         self.counts: Counter[str] = Counter()  # hit, miss
 
-    def restore(self, tenant: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def restore(self, tenant: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The history the model should see: every stored exchange put back in place."""
         positions = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"]
         if not positions:
@@ -113,7 +113,7 @@ class History:
         # The loose keys first (one hash per assistant message): most requests find
         # nothing, and then the conversation's chained hash is never computed.
         loose = {i: loose_key(tenant, messages[i]) for i in positions}
-        found = self.store.find_exchanges(list(set(loose.values())))
+        found = await self.store.find_exchanges(list(set(loose.values())))
         if not found:
             return messages
         keys = chain_keys(tenant, messages)
@@ -138,13 +138,13 @@ class History:
             i = j
         return restored
 
-    def remember(self, tenant: str, agent_messages: list[dict[str, Any]], received: dict[str, Any],
+    async def remember(self, tenant: str, agent_messages: list[dict[str, Any]], received: dict[str, Any],
                  exchange: list[dict[str, Any]]) -> None:
         """Store what the model saw in place of the message the agent received."""
         key = chain_keys(tenant, [*agent_messages, received])[-1]
         if key is None:
             return
-        self.store.put_exchange(key, loose_key(tenant, received), {"messages": exchange}, self.ttl)
+        await self.store.put_exchange(key, loose_key(tenant, received), {"messages": exchange}, self.ttl)
 
 
 def _splice(sequence: list[dict[str, Any]], agent_results: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -15,22 +15,25 @@ keeps what the agent sees apart from the hidden exchange it did not.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkeeper.engine.calls import CallContext, CallHandler
+from toolkeeper.engine.calls import CallContext, CallHandler, Outcome
 from toolkeeper.engine.discovery import Discovery
 from toolkeeper.engine.history import History
 from toolkeeper.engine.types import Event, Model, Round, ToolCall, TurnContext, TurnResult, Visible, Working, add_usage
 from toolkeeper.metrics import Metrics
+from toolkeeper.store import StoreError
 from toolkeeper.tools import Agent, DeclaredTool, ToolIndex, tool_schema
 
 log = logging.getLogger("toolkeeper")
 
 MAX_ROUNDS = 16
+PARALLEL_CALLS = 8  # declared calls of one response run at once, at most this many
 
 
 @dataclass
@@ -113,15 +116,19 @@ class _Turn:
 class Engine:
     def __init__(self, agent: Agent, calls: CallHandler, *, history: History | None = None,
                  max_rounds: int = MAX_ROUNDS, metrics: Metrics | None = None):
-        self.agent = agent
         self.calls = calls
         self.history = history
         self.max_rounds = max_rounds
         self.metrics = metrics
+        self._warned_shadowed: set[str] = set()
+        self.use(agent)
+
+    def use(self, agent: Agent) -> None:
+        """The declarations in force, at start and after a reload; a turn keeps those it began with."""
         style = agent.config.schema_style
+        self.agent = agent
         self.schemas = {name: tool_schema(tool.spec, style) for name, tool in agent.tools.items()}
         self.index = ToolIndex(agent.tools.values())
-        self._warned_shadowed: set[str] = set()
 
     def active_tools(self, request: dict[str, Any]) -> dict[str, DeclaredTool]:
         """The declared tools of this request: none under tool_choice none; an agent's tool of the same name wins."""
@@ -146,19 +153,20 @@ class Engine:
     async def run(self, request: dict[str, Any], model: Model,
                   context: TurnContext | None = None) -> AsyncIterator[Event]:
         context = context or TurnContext()
-        active = self.active_tools(request)
+        active, schemas, index = self.active_tools(request), self.schemas, self.index
+        context.agent_revision = self.agent.revision
         agent_messages = list(request.get("messages") or [])
         await self.calls.collect(context, _trailing_results(agent_messages))
-        messages = self.history.restore(context.tenant, agent_messages) if self.history else agent_messages
+        messages = await self.history.restore(context.tenant, agent_messages) if self.history else agent_messages
         agent_tools = list(request.get("tools") or [])
-        discovery = Discovery(self.index, active, {tool_name(t) for t in agent_tools}, messages)
+        discovery = Discovery(index, active, {tool_name(t) for t in agent_tools}, messages)
         turn = _Turn(context, agent_messages, discovery, CallContext(context))
         body = dict(request)
         last: Round | None = None
 
         for _ in range(self.max_rounds):
             offered = discovery.offered()
-            tools = agent_tools + [self.schemas[name] for name in offered] + discovery.schemas()
+            tools = agent_tools + [schemas[name] for name in offered] + discovery.schemas()
             if tools:
                 body["tools"] = tools
             else:
@@ -180,15 +188,15 @@ class Engine:
                     yield event
             results, ending, own = answered.results, answered.ending, answered.own
             if not results:  # nothing to answer here: the round goes to the agent as it is
-                yield self._finish(turn, last, own)
+                yield await self._finish(turn, last, own)
                 return
             turn.hide(last, results)
             if ending:
                 yield turn.say(ending)
-                yield self._finish(turn, last, [], said=ending)
+                yield await self._finish(turn, last, [], said=ending)
                 return
             if own:  # a mixed response: the agent runs its own calls, and the model sees both on its next request
-                yield self._finish(turn, last, own)
+                yield await self._finish(turn, last, own)
                 return
             if _forces_a_call(body.get("tool_choice"), active):
                 body["tool_choice"] = "auto"  # or the model is forced into endless calls
@@ -196,23 +204,29 @@ class Engine:
         notice = (f"toolkeeper stopped this turn: the model was still calling tools after {self.max_rounds} "
                   "rounds without an answer.")
         yield turn.say(notice)
-        yield self._finish(turn, last, [], said=notice)  # type: ignore[arg-type]
+        yield await self._finish(turn, last, [], said=notice)  # type: ignore[arg-type]
 
     async def _answer(self, last: Round, turn: _Turn, discovery: Discovery, active: dict[str, DeclaredTool],
                       offered: list[str]) -> AsyncIterator[Working | _Answered]:
         """Answer the round's calls that are toolkeeper's to answer: the declared ones (run), and the agent's
         own that the rules deny; then say which of the agent's own calls go to it."""
         answers: dict[str, str] = {}
-        ending = ""
+        declared = []
         for call in last.tool_calls:
             if call.name in discovery.hidden_names:
                 answer = discovery.answer(call, offered)
                 if answer is None:
-                    yield Working(call.name)
-                    outcome = await self.calls.handle(call, active[call.name], turn.calls,
-                                                      truncated=last.finish_reason == "length")
-                    answer, ending = outcome.answer, ending or outcome.ends_turn
-                answers[call.id] = answer
+                    declared.append(call)
+                else:
+                    answers[call.id] = answer
+        ending = ""
+        if declared:
+            yield Working(declared[0].name)
+            truncated = last.finish_reason == "length"
+            outcomes = await bounded_gather([self.calls.handle(call, active[call.name], turn.calls,
+                                                               truncated=truncated) for call in declared])
+            for call, outcome in zip(declared, outcomes, strict=True):
+                answers[call.id], ending = outcome.answer, ending or outcome.ends_turn
         for call in last.tool_calls:
             if call.id in answers:
                 continue
@@ -243,11 +257,31 @@ class Engine:
                     turn.see(delta)
             yield event
 
-    def _finish(self, turn: _Turn, last: Round, own: list[ToolCall], said: str = "") -> TurnResult:
+    async def _finish(self, turn: _Turn, last: Round, own: list[ToolCall], said: str = "") -> TurnResult:
         result = turn.result(last, own, said)
         if result.exchange and self.history is not None:
-            self.history.remember(turn.context.tenant, turn.agent_messages, result.received(), result.exchange)
+            try:
+                await self.history.remember(turn.context.tenant, turn.agent_messages, result.received(),
+                                            result.exchange)
+            except StoreError as exc:  # the agent has its answer; its next request will miss this exchange
+                log.error("the hidden exchange of this turn could not be stored: %s", exc)
         return result
+
+
+async def bounded_gather(calls: list[Awaitable[Outcome]]) -> list[Outcome]:
+    """A response's declared calls run together (four 100 ms tools take 100 ms), at most PARALLEL_CALLS at once;
+    one that fails cancels the others, as one call failing always ended the turn."""
+    if len(calls) == 1:
+        return [await calls[0]]
+    gate = asyncio.Semaphore(PARALLEL_CALLS)
+
+    async def gated(call: Awaitable[Outcome]) -> Outcome:
+        async with gate:
+            return await call
+
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(gated(call)) for call in calls]
+    return [task.result() for task in tasks]
 
 
 def tool_name(tool: Any) -> str | None:

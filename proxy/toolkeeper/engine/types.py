@@ -124,6 +124,7 @@ class TurnContext:
     request_key: str = ""  # the credentials and the exact body: a retried request has the same
     agent_header: str | None = None  # the identity header the deployment sets, if it names one
     api: str = "chat"  # which agent API the request came in: chat | responses | messages
+    agent_revision: str = ""  # the agent file in force when the turn began (set by the engine)
 
 
 def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -6,7 +6,7 @@ channel: the terminal, the approvals store, or none. This layer knows nothing
 of HTTP or of the tool loop.
 """
 
-from toolkeeper.policy.approvals import ApprovalsConsent, ApprovalsStore, arguments_hash
+from toolkeeper.policy.approvals import ApprovalsConsent, arguments_hash
 from toolkeeper.policy.combined import Policy, policy_input, tier_decision
 from toolkeeper.policy.consent import (
     RULE_SOURCES,
@@ -25,7 +25,6 @@ __all__ = [
     "DEFAULT_PATH",
     "RULE_SOURCES",
     "ApprovalsConsent",
-    "ApprovalsStore",
     "Consent",
     "ConsentAnswer",
     "ConsentRequest",

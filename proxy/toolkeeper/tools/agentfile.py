@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from toolkeeper.common import Strict, load_yaml_model, regex
+from toolkeeper.common import Strict, load_yaml_model, regex, sha256_hex
 from toolkeeper.tools.templates import CommandTemplate, TemplateError
 
 # The usual built-in tool names of agents (Claude Code, Codex, OpenHands, Aider,
@@ -247,10 +247,11 @@ class DeclaredTool:
 class Agent:
     """A loaded agent file: the declarations and where they live."""
 
-    def __init__(self, path: Path, config: AgentFile, tools: list[DeclaredTool]):
+    def __init__(self, path: Path, config: AgentFile, tools: list[DeclaredTool], revision: str = ""):
         self.path = path
         self.config = config
         self.tools = {tool.name: tool for tool in tools}
+        self.revision = revision  # the file's SHA-256 (start): records say which declarations were in force
 
     @property
     def directory(self) -> Path:
@@ -278,7 +279,7 @@ def load_agent_file(path: str | os.PathLike[str], *, upstream: str | None = None
         tools.append(_compile_tool(path, tool, where))
     if config.api_key_env and config.api_key_env not in os.environ:
         raise AgentFileError(f"{path}: key 'api_key_env': the variable {config.api_key_env} is not set")
-    return Agent(path, config, tools)
+    return Agent(path, config, tools, sha256_hex(path.read_bytes())[:12])
 
 
 def load_agent_keys(path: str | os.PathLike[str]) -> dict[str, str]:

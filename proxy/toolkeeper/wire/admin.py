@@ -24,8 +24,9 @@ import orjson
 from aiohttp import web
 
 from toolkeeper.common import printable
-from toolkeeper.policy import RULE_SOURCES, ApprovalsConsent, ApprovalsStore
+from toolkeeper.policy import RULE_SOURCES
 from toolkeeper.settings import TOKEN_VARIABLE
+from toolkeeper.store import Store, StoreError
 
 log = logging.getLogger("toolkeeper")
 
@@ -65,7 +66,10 @@ class AdminGuard:
         if self.token is None:
             return json_error(404, f"the admin API is off: start toolkeeper with {TOKEN_VARIABLE} set")
         if request.path in self.public or self.signed_in(request):
-            return await handler(request)
+            try:
+                return await handler(request)
+            except StoreError as exc:
+                return json_error(503, f"the store did not answer: {exc}")
         for prefix, refuse in self.refusals:
             if request.path.startswith(prefix):
                 return await refuse(request)
@@ -85,7 +89,7 @@ def admin_app(guard: AdminGuard, *parts: Callable[[web.Application], None]) -> w
     return app
 
 
-def approvals_api(store: ApprovalsStore, channel: ApprovalsConsent | None) -> Callable[[web.Application], None]:
+def approvals_api(store: Store) -> Callable[[web.Application], None]:
     """The approvals API, for the admin sub-app (behind its guard).
 
         GET  /approvals                       waiting calls: tool, arguments (redacted), argv, why, agent, age
@@ -96,7 +100,7 @@ def approvals_api(store: ApprovalsStore, channel: ApprovalsConsent | None) -> Ca
 
     async def listing(request: web.Request) -> web.Response:
         now = time.time()
-        waiting = [{**a, "age": round(now - a["created"], 1)} for a in store.list_approvals("waiting")]
+        waiting = [{**a, "age": round(now - a["created"], 1)} for a in await store.list_approvals("waiting")]
         return web.json_response({"approvals": waiting})  # ASCII JSON: control characters arrive escaped
 
     async def answer(request: web.Request) -> web.Response:
@@ -104,7 +108,7 @@ def approvals_api(store: ApprovalsStore, channel: ApprovalsConsent | None) -> Ca
         body = await _json_object(request)
         if isinstance(body, web.Response):
             return body
-        approval = store.get_approval(approval_id)
+        approval = await store.get_approval(approval_id)
         if approval is None:
             return json_error(404, f"no approval {approval_id}")
         approver = str(body.get("approver") or "admin")
@@ -113,27 +117,25 @@ def approvals_api(store: ApprovalsStore, channel: ApprovalsConsent | None) -> Ca
             always = bool(body.get("always"))
             if always and approval.get("source") in RULE_SOURCES:
                 always, note = False, "approved once: a security rule asked, and an always answer cannot lift it"
-            moved = store.settle_approval(approval_id, "approved", approver, None,
+            moved = await store.settle_approval(approval_id, "approved", approver, None,
                                           granted="pending" if always else None)
             if moved and always:
-                grant = store.grant(approval["agent"], approval["tool"], approver)
-                store.settle_approval(approval_id, "approved", None, None, only_from=("approved",), granted=grant)
+                grant = await store.grant(approval["agent"], approval["tool"], approver)
+                await store.settle_approval(approval_id, "approved", None, None, only_from=("approved",), granted=grant)
         else:
             reason = str(body.get("reason") or "denied by " + approver)
-            moved = store.settle_approval(approval_id, "denied", approver, reason)
+            moved = await store.settle_approval(approval_id, "denied", approver, reason)
         if not moved:
             return json_error(409, f"{approval_id} is {approval['status']}, not waiting")
-        if channel is not None:
-            channel.answered(approval_id)
         log.info("approval %s: %s by %s", approval_id, verb, printable(approver))
-        return web.json_response({**(store.get_approval(approval_id) or {}), **({"note": note} if note else {})})
+        return web.json_response({**(await store.get_approval(approval_id) or {}), **({"note": note} if note else {})})
 
     async def grants(request: web.Request) -> web.Response:
-        return web.json_response({"grants": store.grants()})
+        return web.json_response({"grants": await store.grants()})
 
     async def revoke(request: web.Request) -> web.Response:
         grant_id = request.match_info["id"]
-        if not store.revoke(grant_id):
+        if not await store.revoke(grant_id):
             return json_error(404, f"no always grant {grant_id} in force")
         log.info("always grant %s revoked", grant_id)
         return web.json_response({"id": grant_id, "revoked": True})

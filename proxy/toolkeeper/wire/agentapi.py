@@ -19,6 +19,7 @@ from aiohttp import web
 
 from toolkeeper.engine import Engine, Event, TurnContext, TurnResult, Visible, Working
 from toolkeeper.metrics import Metrics
+from toolkeeper.store import StoreError
 from toolkeeper.wire.guard import AGENT_NAME, is_json
 from toolkeeper.wire.upstream import Upstream, UpstreamError, error_body
 
@@ -34,6 +35,10 @@ def bad_request(message: str, code: str = "invalid_request", status: int = 400) 
 
 def error_response(error: UpstreamError) -> web.Response:
     return web.Response(status=error.status, body=error.body, headers={"Content-Type": error.content_type})
+
+
+def store_unavailable(exc: StoreError) -> UpstreamError:
+    return UpstreamError.ours(503, f"toolkeeper's store did not answer: {exc}", "store_unavailable")
 
 
 def credentials_hash(headers: Any) -> str:
@@ -110,6 +115,8 @@ async def whole_turn(events: AsyncIterator[Event], error: Callable[[UpstreamErro
                 result = event
     except UpstreamError as exc:
         return error(exc)
+    except StoreError as exc:
+        return error(store_unavailable(exc))
     except Exception as exc:  # a bug of ours: still an answer in the API's shape
         log.error("turn failed", exc_info=exc)
         return error(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error"))
@@ -153,6 +160,8 @@ class TurnWriter:
                     await self.finish(event)
         except UpstreamError as exc:
             return await self.fail(exc)
+        except StoreError as exc:
+            return await self.fail(store_unavailable(exc))
         except Exception as exc:
             log.error("turn failed", exc_info=exc)
             return await self.fail(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error"))

@@ -17,6 +17,7 @@ History, both ways the API keeps it:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -25,7 +26,8 @@ import orjson
 from aiohttp import web
 
 from toolkeeper.common import digest, dumps
-from toolkeeper.engine import Round, Store, TurnResult, Visible
+from toolkeeper.engine import Round, TurnResult, Visible
+from toolkeeper.store import Store, StoreError
 from toolkeeper.wire.agentapi import AgentAPI, bad_request, whole_turn
 from toolkeeper.wire.chat_stream import MalformedResponse
 from toolkeeper.wire.relay import RelayingModel
@@ -43,6 +45,8 @@ from toolkeeper.wire.responses_stream import ResponsesReader, UpstreamFailed
 from toolkeeper.wire.responses_writer import ResponsesWriter, final_response
 from toolkeeper.wire.sse import EventTooLarge
 from toolkeeper.wire.upstream import Upstream, UpstreamError, forward_headers
+
+log = logging.getLogger("toolkeeper")
 
 # What the engine reads of a request; the rest of the agent's body goes upstream as it came.
 ENGINE_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
@@ -62,8 +66,12 @@ class ResponsesAPI(AgentAPI):
         if problem:
             return bad_request(problem)
         context = self.context(request, raw)
-        body = self._follow_link(context.tenant, body)
-        neutral = {"messages": messages_from_input(body["input"], self._referenced(context.tenant, body["input"])),
+        try:
+            body = await self._follow_link(context.tenant, body)
+            referenced = await self._referenced(context.tenant, body["input"])
+        except StoreError as exc:
+            return bad_request(f"toolkeeper's store did not answer: {exc}", "store_unavailable", status=503)
+        neutral = {"messages": messages_from_input(body["input"], referenced),
                    **{key: body[key] for key in ENGINE_KEYS if key in body}}
         model = ResponsesModel(self.upstream, request.headers, body, self.engine.hidden_names(neutral))
         events = self.engine.run(neutral, model, context)
@@ -76,9 +84,12 @@ class ResponsesAPI(AgentAPI):
             shown = visible_items(model.visible_output, set(), {call.id for call in result.tool_calls}) \
                 if result is not None else []
         if result is not None:
-            self._link(context.tenant, model, result)
-            if result.exchange and body.get("store") is not False:
-                self._remember_items(context.tenant, shown)
+            try:
+                await self._link(context.tenant, model, result)
+                if result.exchange and body.get("store") is not False:
+                    await self._remember_items(context.tenant, shown)
+            except StoreError as exc:  # the agent has its answer; a later reference to it will miss
+                log.error("the ids of this response could not be stored: %s", exc)
         return response
 
     async def _whole(self, model: ResponsesModel, events: AsyncIterator[Any]) -> tuple[web.StreamResponse,
@@ -95,41 +106,42 @@ class ResponsesAPI(AgentAPI):
 
     # -- previous_response_id across hidden rounds ------------------------------------
 
-    def _follow_link(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _follow_link(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
         """The agent's previous_response_id, mapped to the last upstream response of that turn; the declared
         results that response still owes go first in the input."""
         previous = body.get("previous_response_id")
-        link = self.store.get_link(digest(tenant, "response", previous)) if isinstance(previous, str) else None
+        link = await self.store.get_link(digest(tenant, "response", previous)) if isinstance(previous, str) else None
         if link is None:
             return body
         given = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
         return {**body, "previous_response_id": link["last"], "input": [*link["owed"], *given]}
 
-    def _referenced(self, tenant: str, given: Any) -> dict[str, dict[str, Any]]:
+    async def _referenced(self, tenant: str, given: Any) -> dict[str, dict[str, Any]]:
         """The items the agent's `item_reference`s stand for, among those toolkeeper handed it."""
         ids = [i.get("id") for i in given if i.get("type") == "item_reference"] if isinstance(given, list) else []
-        found = {item_id: self.store.get_link(digest(tenant, "item", item_id)) for item_id in ids}
-        return {item_id: item for item_id, item in found.items() if item}
+        keys = {digest(tenant, "item", item_id): item_id for item_id in ids if isinstance(item_id, str)}
+        found = await self.store.get_links(list(keys))
+        return {keys[key]: item for key, item in found.items()}
 
-    def _remember_items(self, tenant: str, output: list[dict[str, Any]]) -> None:
+    async def _remember_items(self, tenant: str, output: list[dict[str, Any]]) -> None:
         """After a turn with hidden rounds, what the agent saw, by item id: clients that keep `store: true`
         send it back as references (the Vercel AI SDK), and the history must still recognise it."""
         for item in output:
             if isinstance(item.get("id"), str):
-                self.store.put_link(digest(tenant, "item", item["id"]), item, LINK_TTL)
+                await self.store.put_link(digest(tenant, "item", item["id"]), item, LINK_TTL)
 
-    def _link(self, tenant: str, model: ResponsesModel, result: TurnResult) -> None:
+    async def _link(self, tenant: str, model: ResponsesModel, result: TurnResult) -> None:
         # after a mixed round, the results of its declared calls go upstream with the agent's own
         last_call = max((i for i, m in enumerate(result.exchange) if m.get("role") == "assistant"), default=-1)
         owed = input_from_messages(result.exchange[last_call + 1:])
         if result.rounds == 1 and not owed:
             return  # nothing hidden: the id the agent got is the model server's own
-        self.store.put_link(digest(tenant, "response", model.first_id or ""),
+        await self.store.put_link(digest(tenant, "response", model.first_id or ""),
                             {"last": result.last.head.get("id"), "owed": owed}, LINK_TTL)
 
-    def resolve(self, tenant: str, response_id: str) -> str:
+    async def resolve(self, tenant: str, response_id: str) -> str:
         """An id the agent received, as the model server knows it (for GET /v1/responses/{id})."""
-        link = self.store.get_link(digest(tenant, "response", response_id))
+        link = await self.store.get_link(digest(tenant, "response", response_id))
         return link["last"] if link else response_id
 
 

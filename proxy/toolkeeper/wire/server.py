@@ -10,18 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from toolkeeper.common import dumps
-from toolkeeper.engine import Engine, Store
+from toolkeeper.engine import Engine
 from toolkeeper.metrics import Metrics
 from toolkeeper.settings import Settings
+from toolkeeper.store import Store, StoreError
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
-from toolkeeper.wire.agentapi import credentials_hash
+from toolkeeper.wire.agentapi import bad_request, credentials_hash
 from toolkeeper.wire.chat import ChatCompletions
 from toolkeeper.wire.guard import AgentKeys, OriginGuard
 from toolkeeper.wire.messages import MessagesAPI, count_tokens_body
@@ -42,9 +44,11 @@ UNSPOKEN = re.compile(r"^/(v1/)?(completions|realtime|responses/compact|chat/com
 # Agents send whole conversations; the default 1 MiB would refuse long ones.
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
-CHECK_WAIT = 3.0
+CHECK_EVERY = 1.0  # seconds between readiness checks
+CHECK_WAIT = 2.0  # seconds a component has to answer one
+STALE_AFTER = CHECK_EVERY + CHECK_WAIT + 1.0  # a check hanging longer than this: not ready
 # A readiness check: it raises when its component does not answer.
-Check = Callable[[], object]
+Check = Callable[[], Awaitable[object]]
 
 
 def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key: str | None, metrics: Metrics,
@@ -72,6 +76,7 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
             yield
 
     app.cleanup_ctx.append(upstream_session)
+    app.cleanup_ctx.append(probes.watch)
     for path in CHAT_PATHS:
         app.router.add_post(path, chat)
     for path in RESPONSES_PATHS:
@@ -117,7 +122,10 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
 async def stored_response(request: web.Request) -> web.StreamResponse:
     """GET /v1/responses/{id}: an id the agent received stands for the last round of its turn."""
     tenant = credentials_hash(request.headers)
-    upstream_id = request.app[RESPONSES_KEY].resolve(tenant, request.match_info["id"])
+    try:
+        upstream_id = await request.app[RESPONSES_KEY].resolve(tenant, request.match_info["id"])
+    except StoreError as exc:
+        return bad_request(f"toolkeeper's store did not answer: {exc}", "store_unavailable", status=503)
     return await passthrough(request, path=f"/responses/{upstream_id}")
 
 
@@ -128,6 +136,8 @@ class Probes:
         self.engine = engine
         self.metrics = metrics
         self.checks = checks
+        self.problems: list[str] = ["not checked yet"]
+        self.checked = time.monotonic()
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "tools": sorted(self.engine.agent.tools)})
@@ -136,20 +146,40 @@ class Probes:
         return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Ready when every component answers and the upstream client is up."""
-        problems = []
-        for name, check in self.checks.items():
-            try:
-                # in a thread, bounded: a database that hangs must not freeze the event loop, nor this answer
-                await asyncio.wait_for(asyncio.to_thread(check), CHECK_WAIT)
-            except TimeoutError:
-                problems.append(f"{name}: no answer within {CHECK_WAIT:g} s")
-            except Exception as exc:
-                problems.append(f"{name}: {exc}")
+        """Ready when every component answered its last check, made in the background (a database that hangs
+        never holds this answer up) and recent, and the upstream client is up."""
+        problems = list(self.problems)
+        age = time.monotonic() - self.checked
+        if age > STALE_AFTER:
+            problems.append(f"the components have not answered a check for {age:.0f} s")
         if UPSTREAM_KEY not in request.app:
             problems.append("upstream client not started")
         body = {"ready": not problems, "problems": problems}
         return web.json_response(body, status=200 if not problems else 503)
+
+    async def watch(self, app: web.Application):
+        """A cleanup context: checks the components every CHECK_EVERY seconds while the app runs."""
+        task = asyncio.get_running_loop().create_task(self._check_forever())
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def _check_forever(self) -> None:
+        while True:
+            self.problems = await self.check_once()
+            self.checked = time.monotonic()
+            await asyncio.sleep(CHECK_EVERY)
+
+    async def check_once(self) -> list[str]:
+        problems = []
+        for name, check in self.checks.items():
+            try:
+                await asyncio.wait_for(check(), CHECK_WAIT)
+            except TimeoutError:
+                problems.append(f"{name}: no answer within {CHECK_WAIT:g} s")
+            except Exception as exc:
+                problems.append(f"{name}: {exc}")
+        return problems
 
 
 class Unspoken:

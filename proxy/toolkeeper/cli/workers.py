@@ -1,0 +1,141 @@
+"""`serve --workers N`: N processes on one port, each a whole toolkeeper sharing the configured store.
+
+The supervisor reserves the port (port 0 picks one), forks the workers, which
+each listen on it with SO_REUSEPORT (the kernel spreads connections among
+them), and waits until every one is listening before it prints the start line.
+It passes SIGTERM, SIGINT and SIGHUP on to them, and starts a worker again
+when one dies. What the workers share lives in the store (SQLite by default:
+restoration, the retry memo and approvals work across them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from toolkeeper.settings import Settings
+
+# A worker's whole life: serve with these settings, say "listening" on the fd, return the exit code.
+Worker = Callable[[Settings, int], int]
+
+START_WAIT = 60.0  # seconds the workers have to start listening
+RESTART_PAUSE = 1.0  # seconds before a worker that died is started again
+
+
+def worker_count(settings: Settings) -> int:
+    """--workers, 0 meaning one per core; refused with terminal consent (one terminal cannot serve many)."""
+    count = settings.workers or len(os.sched_getaffinity(0))
+    if count < 0:
+        raise ValueError(f"--workers must be 0 (one per core) or more, not {settings.workers}")
+    if count > 1:
+        from toolkeeper.app import consent_mode
+
+        if consent_mode(settings) == "terminal":
+            raise ValueError("terminal consent cannot serve several workers: one terminal cannot answer for "
+                             f"{count} processes; answer from `toolkeeper approve` instead (--consent approvals, "
+                             "with TOOLKEEPER_ADMIN_TOKEN set), or run one worker")
+    return count
+
+
+def supervise(settings: Settings, count: int, worker: Worker, announce: Callable[[int, str], None]) -> int:
+    """Start `count` workers on one port, `announce(port, what the first worker said)` once all listen, then
+    keep them running until a signal stops them."""
+    reserved = reserve_port(settings.host, settings.port)
+    settings = replace(settings, port=reserved.getsockname()[1])
+    ready_read, ready_write = os.pipe()
+    workers = {start_worker(worker, settings, ready_write): index for index in range(count)}
+    said = wait_until_ready(ready_read, workers, count)
+    if said is None:
+        stop_all(workers)
+        return 1
+    announce(settings.port, said)
+    stopping = False
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = stopping or signum != signal.SIGHUP
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    while workers:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        index = workers.pop(pid, None)
+        if index is None or stopping:
+            continue
+        print(f"toolkeeper: worker {index} (pid {pid}) ended with status {os.waitstatus_to_exitcode(status)}; "
+              "starting it again", file=sys.stderr, flush=True)
+        time.sleep(RESTART_PAUSE)
+        workers[start_worker(worker, settings, ready_write)] = index
+    reserved.close()
+    return 0
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to the port and never listening: it holds the port (and resolves port 0) for the workers."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    reserved = socket.socket(family, socket.SOCK_STREAM)
+    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        reserved.bind((host, port))
+    except OSError as exc:
+        reserved.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return reserved
+
+
+def start_worker(worker: Worker, settings: Settings, ready_fd: int) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:  # the worker: signals as a single process has them, then serve
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        code = worker(settings, os.dup(ready_fd))
+    except BaseException as exc:  # a worker reports and exits: it never returns into the supervisor
+        print(f"toolkeeper: worker failed: {exc}", file=sys.stderr, flush=True)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def wait_until_ready(ready_fd: int, workers: dict[int, int], count: int) -> str | None:
+    """Each worker writes one line once it listens: the policy it describes; None when one dies first."""
+    deadline, lines = time.monotonic() + START_WAIT, b""
+    while lines.count(b"\n") < count:
+        for pid in list(workers):
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                workers.pop(pid)
+                return None
+        readable, _, _ = select.select([ready_fd], [], [], 0.1)
+        if readable:
+            lines += os.read(ready_fd, 4096)
+        if time.monotonic() > deadline:
+            print(f"toolkeeper: the workers did not start within {START_WAIT:g} s", file=sys.stderr)
+            return None
+    return lines.split(b"\n")[0].decode()
+
+
+def stop_all(workers: dict[int, int]) -> None:
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    for pid in workers:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)

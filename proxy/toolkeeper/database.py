@@ -1,0 +1,32 @@
+"""What the audit trail and the store both need of a PostgreSQL server: a leaf, imported lazily.
+
+Every connection waits at most `CONNECT_WAIT` seconds to open and `wait`
+seconds for a statement or a lock, and has TCP keep-alives, so a server that
+stops answering is noticed; a URL's password never reaches a log or an error.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+CONNECT_WAIT = 2
+
+
+def is_postgres_url(location: object) -> bool:
+    return str(location).startswith(("postgresql://", "postgres://"))
+
+
+def without_password(url: str) -> str:
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+def connect_arguments(url: str, wait: float) -> dict[str, Any]:
+    """psycopg.connect's keyword arguments: bounded waits and keep-alives, beside the URL's own options."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    given = conninfo_to_dict(url).get("options") or ""
+    waited = int(wait * 1000)
+    return {"connect_timeout": CONNECT_WAIT, "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+            "keepalives_count": 2,
+            "options": f"{given} -c statement_timeout={waited} -c lock_timeout={waited}".strip()}

@@ -1,0 +1,161 @@
+"""The store in PostgreSQL: replicas share history, the retry memo and approvals.
+
+Statements run on a small pool of connections (psycopg's async pool: no
+thread per statement on the hot path). Each waits at most `WAIT` seconds, for
+a connection or an answer; a connection the server dropped (a restart) is
+replaced and the statement tried once more. An approval answered on one replica
+wakes the calls waiting on every other through LISTEN/NOTIFY; while the
+listening connection is down, waiters poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from toolkeeper.database import connect_arguments, without_password
+from toolkeeper.store.base import SQLStore, StoreError
+from toolkeeper.store.schema import migrate
+
+log = logging.getLogger("toolkeeper")
+
+WAIT = 2.0  # seconds for a connection, a lock or a statement
+POOL_SIZE = 8
+CHANNEL = "toolkeeper_approvals"
+SCHEMA_LOCK = 7335003  # an advisory lock: processes starting together migrate one at a time
+
+
+class PostgresStore(SQLStore):
+    def __init__(self, url: str):
+        import psycopg  # only for deployments that use it
+
+        super().__init__()
+        self.url = url
+        self.location = without_password(url)
+        self._psycopg = psycopg
+        self._connect = connect_arguments(url, WAIT)
+        self._sql: dict[str, str] = {}
+        self._pool: Any = None
+        self._opening = asyncio.Lock()
+        self._listener: asyncio.Task[None] | None = None
+        self._listening = False
+        self._migrate()
+
+    @property
+    def poll(self) -> float:  # type: ignore[override]
+        return 1.0 if self._listening else 0.25
+
+    def _migrate(self) -> None:
+        psycopg = self._psycopg
+        try:
+            with psycopg.connect(self.url, autocommit=True, **self._connect) as db, db.transaction():
+                db.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
+                migrate(lambda sql, params: _rows(db.execute(self.dialect(sql), params)),
+                        real="DOUBLE PRECISION", blob="BYTEA")
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot open the store at {self.location}: {exc}") from exc
+
+    def dialect(self, sql: str) -> str:
+        converted = self._sql.get(sql)
+        if converted is None:
+            converted = self._sql[sql] = sql.replace("?", "%s")
+        return converted
+
+    async def _pooled(self) -> Any:
+        if self._pool is None:
+            from psycopg_pool import AsyncConnectionPool
+
+            async with self._opening:
+                if self._pool is None:
+                    pool = AsyncConnectionPool(self.url, min_size=1, max_size=POOL_SIZE, open=False, timeout=WAIT,
+                                               kwargs={"autocommit": True, **self._connect}, name="toolkeeper-store")
+                    await pool.open(wait=False)
+                    self._pool = pool
+        return self._pool
+
+    async def _run(self, statements: list[tuple[str, Sequence[Any]]], fetch: bool) -> Any:
+        """The statements on one connection (several: in one transaction), tried again once on a new connection
+        when the server dropped the first; a server that does not answer within WAIT is a StoreError."""
+        psycopg = self._psycopg
+        for attempt in (1, 2):
+            try:
+                return await asyncio.wait_for(self._on_connection(statements, fetch), WAIT + 1)
+            except TimeoutError:
+                raise StoreError(f"the store ({self.location}) did not answer within {WAIT + 1:g} s") from None
+            except psycopg.OperationalError as exc:
+                if attempt == 2:
+                    raise StoreError(f"the store ({self.location}) failed: {exc}") from exc
+            except (psycopg.Error, _pool_error()) as exc:
+                raise StoreError(f"the store ({self.location}) failed: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    async def _on_connection(self, statements: list[tuple[str, Sequence[Any]]], fetch: bool) -> Any:
+        pool = await self._pooled()
+        async with pool.connection() as db:
+            if len(statements) == 1:
+                cursor = await db.execute(self.dialect(statements[0][0]), tuple(statements[0][1]))
+                return (await cursor.fetchall() if cursor.description else []) if fetch else cursor.rowcount
+            async with db.transaction():
+                for sql, params in statements:
+                    await db.execute(self.dialect(sql), tuple(params))
+            return None
+
+    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        return await self._run([(sql, params)], fetch=True)
+
+    async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return await self._run([(sql, params)], fetch=False)
+
+    async def _atomic(self, statements: list[tuple[str, Sequence[Any]]]) -> None:
+        await self._run(statements, fetch=False)
+
+    async def _announce(self, approval_id: str) -> None:
+        await self._fetch(f"SELECT pg_notify('{CHANNEL}', ?)", (approval_id,))
+
+    async def approval_moved(self, approval_id: str, timeout: float) -> None:
+        if self._listener is None:
+            self._listener = asyncio.get_running_loop().create_task(self._listen())
+        await super().approval_moved(approval_id, timeout)
+
+    async def _listen(self) -> None:
+        """Wake local waiters on every replica's answer; reconnect when the connection drops."""
+        psycopg = self._psycopg
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True, **self._connect) as db:
+                    await db.execute(f"LISTEN {CHANNEL}")
+                    self._listening = True
+                    self._wake_all()  # an answer may have come while no one listened
+                    async for note in db.notifies():
+                        self.wake(note.payload)
+            except psycopg.Error as exc:
+                if self._listening:
+                    log.warning("the store's approval notifications stopped (%s): polling until they are back", exc)
+            finally:
+                self._listening = False
+            await asyncio.sleep(1)
+
+    def _wake_all(self) -> None:
+        for approval_id in list(self._watchers):
+            self.wake(approval_id)
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._listener
+        if self._pool is not None:
+            await self._pool.close()
+
+
+def _rows(cursor: Any) -> list[tuple]:
+    return cursor.fetchall() if cursor.description else []
+
+
+def _pool_error() -> type[Exception]:
+    from psycopg_pool import PoolTimeout
+
+    return PoolTimeout

@@ -1,0 +1,89 @@
+"""The store's tables, as numbered migrations: one schema, two dialects (SQLite and PostgreSQL).
+
+Each process applies the missing steps at start, one process at a time (an
+exclusive transaction in SQLite, an advisory lock in PostgreSQL), so replicas
+and workers starting together never race; a store migrated by a newer
+toolkeeper is refused rather than misread. `{real}` and `{blob}` are the
+dialect's types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+VERSION_TABLE = "CREATE TABLE IF NOT EXISTS toolkeeper_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+COMPONENT = "store"
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: the tables of the first releases (an unversioned file adopts this step as it is)
+    (
+        """CREATE TABLE IF NOT EXISTS exchanges (
+            key TEXT PRIMARY KEY,       -- tenant, conversation and the message the agent received
+            loose_key TEXT NOT NULL,    -- tenant and the message alone: tells an edited history from none
+            body {blob},                -- NULL once expired: kept a while longer so a miss can be told
+            expires {real} NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS exchanges_loose ON exchanges (loose_key)",
+        """CREATE TABLE IF NOT EXISTS links (
+            key TEXT PRIMARY KEY,       -- tenant and an id the agent received (a response id, a forwarded call)
+            value {blob} NOT NULL,      -- what it stands for
+            expires {real} NOT NULL)""",
+        """CREATE TABLE IF NOT EXISTS call_results (
+            key TEXT PRIMARY KEY, answer TEXT NOT NULL, expires {real} NOT NULL)""",
+        """CREATE TABLE IF NOT EXISTS approvals (
+            id TEXT PRIMARY KEY,
+            agent TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            args_hash TEXT NOT NULL,    -- SHA-256 of the canonical arguments: an approval is for these only
+            body {blob} NOT NULL,       -- what the person is shown: arguments, argv, why it asks, created
+            status TEXT NOT NULL,       -- waiting | approved | denied | expired | used
+            approver TEXT,
+            reason TEXT,                -- the approver's, when denied
+            updated {real} NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS approvals_call ON approvals (agent, tool, args_hash, status)",
+        """CREATE TABLE IF NOT EXISTS always_grants (
+            id TEXT PRIMARY KEY,
+            agent TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            approver TEXT NOT NULL,
+            created {real} NOT NULL,
+            revoked {real})             -- a grant answers calls until revoked""",
+    ),
+    # 2: the retry memo says "still running" (whose, until when), for retries landing on another process;
+    #    an always grant's id is a column, so answering is one statement
+    (
+        "DROP TABLE call_results",  # a cache of seconds: nothing worth converting
+        """CREATE TABLE call_results (
+            key TEXT PRIMARY KEY,       -- tenant, request body and the call
+            answer TEXT,                -- NULL while the first attempt runs
+            owner TEXT NOT NULL,        -- the attempt that runs it
+            lease {real} NOT NULL,      -- past it, an unfinished attempt is presumed dead
+            expires {real} NOT NULL)""",
+        "ALTER TABLE approvals ADD COLUMN granted TEXT",
+    ),
+)
+VERSION = len(MIGRATIONS)
+
+
+class SchemaError(Exception):
+    pass
+
+
+def migrate(run: Callable[[str, tuple], list[tuple]], real: str, blob: str) -> int:
+    """Bring the store to VERSION with `run(sql, params) -> rows`, inside the caller's exclusive transaction:
+    the version it found."""
+    run(VERSION_TABLE, ())
+    found = run("SELECT version FROM toolkeeper_schema WHERE component = ?", (COMPONENT,))
+    version = found[0][0] if found else 0
+    for statement in steps_after(version, real, blob):
+        run(statement, ())
+    run("INSERT INTO toolkeeper_schema (component, version) VALUES (?, ?) ON CONFLICT (component) DO UPDATE "
+        "SET version = excluded.version", (COMPONENT, VERSION))
+    return version
+
+
+def steps_after(version: int, real: str, blob: str) -> list[str]:
+    """The statements that bring a store at `version` to the current one."""
+    if version > VERSION:
+        raise SchemaError(f"the store was migrated by a newer toolkeeper (schema version {version}; this one "
+                          f"knows {VERSION}): upgrade toolkeeper, or point --store elsewhere")
+    return [statement.format(real=real, blob=blob) for step in MIGRATIONS[version:] for statement in step]
