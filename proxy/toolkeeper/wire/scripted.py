@@ -16,7 +16,9 @@ A step of the script:
     {"raw": "text", "content_type": "..."} these exact bytes
 
 Any step may carry `"when": "text"`: it then answers only a request whose last
-user message contains that text (for concurrent conversations).
+user message contains that text (for concurrent conversations), and
+`"answering": true` (or false): only a request that ends (or does not end)
+with tool results, so a repeated step answers retried requests alike.
 
 In `content`, `{tool_result}` is replaced by the last tool message the request
 carried, so a scripted answer can quote what a tool printed.
@@ -77,7 +79,11 @@ class ScriptedModel:
             conversation = [{"role": "user", "content": conversation}]
         asked = next((str(m.get("content")) for m in reversed(conversation)
                       if isinstance(m, dict) and m.get("role") == "user" and not _only_results(m)), "")
+        last = conversation[-1] if conversation and isinstance(conversation[-1], dict) else {}
+        answering = last.get("role") == "tool" or last.get("type") == "function_call_output" or _only_results(last)
         for position, step in enumerate(self.steps):
+            if step.get("answering", answering) != answering:
+                continue
             if step.get("when") is None or step["when"] in asked:
                 return step if step.get("repeat") else self.steps.pop(position)
         return {"status": 500, "body": {"error": {"message": "no scripted response fits this request",
