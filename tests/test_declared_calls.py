@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from conftest import call, user
 
@@ -281,3 +282,17 @@ def test_async_client_streams_too(scripted, tk):
 
     assert asyncio.run(run()) == "Checking... Done."
     assert tk.calls() == [["lookup", "async"]]
+
+
+def test_the_declared_calls_of_one_response_run_at_once(scripted, tk):
+    """Four one-second tools in one response take about a second, not four; each answers its own call."""
+    scripted.script({"tool_calls": [call("nap", {"seconds": 1 + i / 100}, f"n{i}") for i in range(4)]},
+                    {"content": "rested"})
+    started = time.monotonic()
+    answer = tk.client().chat.completions.create(model="m", messages=user())
+    took = time.monotonic() - started
+    assert answer.choices[0].message.content == "rested"
+    results = [m for m in scripted.bodies()[-1]["messages"] if m.get("role") == "tool"]
+    assert [m["tool_call_id"] for m in results] == ["n0", "n1", "n2", "n3"]
+    assert [m["content"] for m in results] == [f"rested {1 + i / 100} s\n" for i in range(4)]
+    assert took < 2.5, took  # one after another would be 4 s and more

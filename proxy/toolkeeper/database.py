@@ -7,7 +7,10 @@ stops answering is noticed; a URL's password never reaches a log or an error.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import socket
 from typing import Any
 
 CONNECT_WAIT = 2
@@ -30,3 +33,12 @@ def connect_arguments(url: str, wait: float) -> dict[str, Any]:
     return {"connect_timeout": CONNECT_WAIT, "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
             "keepalives_count": 2,
             "options": f"{given} -c statement_timeout={waited} -c lock_timeout={waited}".strip()}
+
+
+def cut(connection: Any) -> None:
+    """Cut the socket under a psycopg connection stuck on a server that does not answer: what waits on it fails
+    at once, and the connection is dropped (a duplicate descriptor is shut down; libpq's own is left to it)."""
+    if connection is None:
+        return
+    with contextlib.suppress(OSError, ValueError), socket.socket(fileno=os.dup(connection.pgconn.socket)) as dup:
+        dup.shutdown(socket.SHUT_RDWR)

@@ -132,7 +132,8 @@ def typed(name: str, value: Any) -> Any:
         elif value is not None:
             value = str(value)
     except (TypeError, ValueError):
-        raise SettingsError(f"{name}: {value!r} is not a {type(default).__name__}") from None
+        kind = {int: "an integer", float: "a number"}.get(type(default), "a text")
+        raise SettingsError(f"{name}: {value!r} is not {kind}") from None
     choices = setting.metadata["choices"]
     if choices and value not in choices:
         raise SettingsError(f"{name}: {value!r} is not one of {', '.join(choices)}")

@@ -13,9 +13,6 @@ again on the next use, and one stuck on a server that does not answer is cut.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,7 @@ from typing import Any
 from toolkeeper.audit.events import AuditError
 from toolkeeper.audit.redaction import Redactor
 from toolkeeper.audit.trail import SCHEMA, WRITE_WAIT, SQLAudit
-from toolkeeper.database import connect_arguments, is_postgres_url, without_password
+from toolkeeper.database import connect_arguments, cut, is_postgres_url, without_password
 
 SCHEMA_LOCK = 7335002  # an advisory lock: replicas starting together create the schema one at a time
 
@@ -81,12 +78,7 @@ class PostgresAudit(SQLAudit):
 
     def abandon(self) -> None:
         """Cut the socket under a connection stuck waiting: the stuck write fails, the next one reconnects."""
-        db = self._db
-        if db is None:
-            return
-        # a duplicate descriptor: shutting it down cuts the connection, closing it leaves libpq's own alone
-        with contextlib.suppress(OSError, ValueError), socket.socket(fileno=os.dup(db.pgconn.socket)) as duplicate:
-            duplicate.shutdown(socket.SHUT_RDWR)
+        cut(self._db)
 
 
 def open_audit(location: str | Path, redactor: Redactor | None = None) -> SQLAudit:

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from toolkeeper.database import connect_arguments, without_password
+from toolkeeper.database import connect_arguments, cut, without_password
 from toolkeeper.store.base import SQLStore, StoreError
 from toolkeeper.store.schema import migrate
 
@@ -42,6 +42,8 @@ class PostgresStore(SQLStore):
         self._opening = asyncio.Lock()
         self._listener: asyncio.Task[None] | None = None
         self._listening = False
+        self._stalled = False  # the last statement found the server not answering
+        self._abandoned: set[asyncio.Task[Any]] = set()
         self._migrate()
 
     @property
@@ -76,25 +78,49 @@ class PostgresStore(SQLStore):
                     self._pool = pool
         return self._pool
 
-    async def _run(self, statements: list[tuple[str, Sequence[Any]]], fetch: bool) -> Any:
-        """The statements on one connection (several: in one transaction), tried again once on a new connection
-        when the server dropped the first; a server that does not answer within WAIT is a StoreError."""
+    async def _run(self, statements: list[tuple[str, Sequence[Any]]], fetch: bool, *, probe: bool = False) -> Any:
+        """The statements on one connection (several: in one transaction), tried again on a fresh connection
+        when the server dropped the first (a restart). A server that does not answer within WAIT is a StoreError,
+        and later statements fail at once until a probe (the readiness check) finds it answering again."""
+        if self._stalled and not probe:
+            raise StoreError(f"the store ({self.location}) stopped answering; waiting for it to come back")
         psycopg = self._psycopg
         for attempt in (1, 2):
             try:
-                return await asyncio.wait_for(self._on_connection(statements, fetch), WAIT + 1)
-            except TimeoutError:
-                raise StoreError(f"the store ({self.location}) did not answer within {WAIT + 1:g} s") from None
+                result = await self._bounded(statements, fetch)
+                self._stalled = False
+                return result
             except psycopg.OperationalError as exc:
-                if attempt == 2:
+                if attempt == 2 or self._stalled:
                     raise StoreError(f"the store ({self.location}) failed: {exc}") from exc
+                await (await self._pooled()).check()  # drop the pool's other dead connections before trying again
             except (psycopg.Error, _pool_error()) as exc:
                 raise StoreError(f"the store ({self.location}) failed: {exc}") from exc
         raise AssertionError("unreachable")
 
-    async def _on_connection(self, statements: list[tuple[str, Sequence[Any]]], fetch: bool) -> Any:
+    async def _bounded(self, statements: list[tuple[str, Sequence[Any]]], fetch: bool) -> Any:
+        """Run them in a task of their own: past WAIT it is abandoned, its socket cut, never awaited (psycopg
+        waits for a cancelled statement's answer, which a hung server never sends)."""
+        used: dict[str, Any] = {}
+        task = asyncio.ensure_future(self._on_connection(statements, fetch, used))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=WAIT)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if done:
+            return task.result()
+        self._stalled = True
+        cut(used.get("connection"))
+        self._abandoned.add(task)
+        task.add_done_callback(lambda gone: (self._abandoned.discard(gone), gone.cancelled() or gone.exception()))
+        raise StoreError(f"the store ({self.location}) did not answer within {WAIT:g} s")
+
+    async def _on_connection(self, statements: list[tuple[str, Sequence[Any]]], fetch: bool,
+                             used: dict[str, Any]) -> Any:
         pool = await self._pooled()
         async with pool.connection() as db:
+            used["connection"] = db
             if len(statements) == 1:
                 cursor = await db.execute(self.dialect(statements[0][0]), tuple(statements[0][1]))
                 return (await cursor.fetchall() if cursor.description else []) if fetch else cursor.rowcount
@@ -102,6 +128,9 @@ class PostgresStore(SQLStore):
                 for sql, params in statements:
                     await db.execute(self.dialect(sql), tuple(params))
             return None
+
+    async def check(self) -> None:
+        await self._run([("SELECT 1", ())], fetch=True, probe=True)
 
     async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         return await self._run([(sql, params)], fetch=True)

@@ -31,7 +31,11 @@ class SQLiteStore(SQLStore):
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(f"PRAGMA busy_timeout={BUSY_WAIT}")
         self._lock = threading.Lock()
-        self._migrate()
+        try:
+            self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
 
     def _migrate(self) -> None:
         db = self._db
