@@ -141,13 +141,14 @@ def typed(name: str, value: Any) -> Any:
 
 
 def from_environment(environ: dict[str, str]) -> dict[str, Any]:
-    """TOOLKEEPER_READ_TIMEOUT=30, TOOLKEEPER_ALLOW_ORIGIN=https://a,https://b; a secret also from *_FILE."""
+    """TOOLKEEPER_READ_TIMEOUT=30, TOOLKEEPER_ALLOW_ORIGIN=https://a,https://b; a secret also from *_FILE, which
+    wins over the plain variable (an image may set the plain one as its default)."""
     values: dict[str, Any] = {}
     for name, setting in SETTINGS.items():
         variable = PREFIX + name.upper()
         if setting.metadata["secret"] and environ.get(variable + "_FILE"):
             values[name] = read_secret(environ[variable + "_FILE"], variable + "_FILE")
-        if environ.get(variable):
+        elif environ.get(variable):
             values[name] = environ[variable]
     return values
 
