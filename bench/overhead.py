@@ -283,6 +283,18 @@ async def true_run_time(samples: int) -> float:
     return statistics.median(times)
 
 
+def pin(processes: list[subprocess.Popen]) -> None:
+    """On a machine of two or more cores: the proxies measured (floor, toolkeeper) on the last core, the client
+    and the mock model on the others, so the proxy measured never shares its core with the load."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return
+    os.sched_setaffinity(0, set(cores[:-1]))
+    os.sched_setaffinity(processes[0].pid, set(cores[:-1]))
+    for process in processes[1:]:
+        os.sched_setaffinity(process.pid, {cores[-1]})
+
+
 async def run(quick: bool) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="tk-bench-"))
     agent = workdir / "agent.yaml"
@@ -298,6 +310,7 @@ async def run(quick: bool) -> int:
         subprocess.Popen([sys.executable, "-m", "toolkeeper", "serve", str(agent), "--port", str(tk_port),
                           "--upstream", mock_url, "--log-level", "WARNING"], cwd=ROOT, stdout=subprocess.DEVNULL),
     ]
+    pin(processes)
     urls = {"direct": mock_url, "floor": f"http://127.0.0.1:{floor_port}/v1",
             "toolkeeper": f"http://127.0.0.1:{tk_port}/v1"}
     pids = {"direct": None, "floor": processes[1].pid, "toolkeeper": processes[2].pid}

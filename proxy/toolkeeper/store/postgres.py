@@ -43,7 +43,6 @@ class PostgresStore(SQLStore):
         self._listener: asyncio.Task[None] | None = None
         self._listening = False
         self._stalled = False  # the last statement found the server not answering
-        self._abandoned: set[asyncio.Task[Any]] = set()
         self._migrate()
 
     @property
@@ -99,22 +98,22 @@ class PostgresStore(SQLStore):
         raise AssertionError("unreachable")
 
     async def _bounded(self, statements: list[tuple[str, Sequence[Any]]], fetch: bool) -> Any:
-        """Run them in a task of their own: past WAIT it is abandoned, its socket cut, never awaited (psycopg
-        waits for a cancelled statement's answer, which a hung server never sends)."""
+        """Past WAIT, a timer cuts the connection's socket: the statement fails at once. (Cancelling it would not
+        do: psycopg then waits for the cancelled statement's answer, which a hung server never sends.)"""
         used: dict[str, Any] = {}
-        task = asyncio.ensure_future(self._on_connection(statements, fetch, used))
+        timer = asyncio.get_running_loop().call_later(WAIT, self._stall, used)
         try:
-            done, _ = await asyncio.wait({task}, timeout=WAIT)
-        except asyncio.CancelledError:
-            task.cancel()
+            return await self._on_connection(statements, fetch, used)
+        except self._psycopg.Error as exc:
+            if used.get("stalled"):
+                raise StoreError(f"the store ({self.location}) did not answer within {WAIT:g} s") from exc
             raise
-        if done:
-            return task.result()
-        self._stalled = True
+        finally:
+            timer.cancel()
+
+    def _stall(self, used: dict[str, Any]) -> None:
+        used["stalled"] = self._stalled = True
         cut(used.get("connection"))
-        self._abandoned.add(task)
-        task.add_done_callback(lambda gone: (self._abandoned.discard(gone), gone.cancelled() or gone.exception()))
-        raise StoreError(f"the store ({self.location}) did not answer within {WAIT:g} s")
 
     async def _on_connection(self, statements: list[tuple[str, Sequence[Any]]], fetch: bool,
                              used: dict[str, Any]) -> Any:

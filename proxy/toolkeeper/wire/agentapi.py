@@ -162,6 +162,8 @@ class TurnWriter:
             return await self.fail(exc)
         except StoreError as exc:
             return await self.fail(store_unavailable(exc))
+        except ConnectionResetError:  # the agent went away mid-answer: no one to tell
+            return self.response or web.Response(status=499)
         except Exception as exc:
             log.error("turn failed", exc_info=exc)
             return await self.fail(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error"))
