@@ -143,6 +143,27 @@ def test_deny_tells_the_model_why(scripted, tka, stream):
     assert tka.calls() == []
 
 
+def test_two_identical_calls_in_one_response_each_need_their_approval(scripted, tka):
+    """They run at once and wait on one approval; it runs one of them, and the other asks again."""
+    scripted.add({"when": "twice", "tool_calls": [call("release", {"version": "7.7.7"}, "r1"),
+                                                  call("release", {"version": "7.7.7"}, "r2")]},
+                 {"when": "twice", "content": "{tool_result}"})
+    client = tka.client()
+    answer: dict = {}
+    asking = threading.Thread(target=lambda: answer.update(
+        said=client.chat.completions.create(model="m", messages=[{"role": "user", "content": "twice"}])))
+    asking.start()
+    (first,) = waiting(tka)
+    assert cli(tka, "approve", first).returncode == 0
+    deadline = time.monotonic() + 15
+    while (second := waiting(tka)) == [first]:
+        assert time.monotonic() < deadline
+    assert tka.calls() == [["release", "7.7.7"]]  # one approval, one run
+    assert cli(tka, "approve", second[0]).returncode == 0
+    asking.join(30)
+    assert tka.calls() == [["release", "7.7.7"], ["release", "7.7.7"]]
+
+
 def test_an_approval_is_for_its_own_arguments_only(scripted, tka):
     first = Asking(tka, scripted, "release", {"version": "3.0.0"}, word="first")
     waiting(tka, 1)

@@ -8,7 +8,9 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
+import pytest
 from conftest import LOOKUP, ROOT, Toolkeeper, call, start_toolkeeper, user, write_agent
 
 AGENT = """
@@ -48,12 +50,14 @@ def reloaded(process, scripted, tk, expect) -> None:
         time.sleep(0.1)
 
 
-def test_sighup_takes_a_new_agent_file_and_rules_and_keeps_the_old_ones_when_broken(scripted, tmp_path):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sighup_takes_a_new_agent_file_and_rules_and_keeps_the_old_ones_when_broken(scripted, tmp_path, workers):
+    """With workers, the supervisor passes the signal on to each."""
     write_agent(tmp_path, AGENT)
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES.format(rule="allow-lookup", effect="allow"))
     process = start_toolkeeper(tmp_path / "agent.yaml", scripted.base_url, "--policy", str(rules), "--log-level",
-                               "INFO")
+                               "INFO", "--workers", workers, "--consent", "none")
     tk = Toolkeeper(process, tmp_path)
     try:
         scripted.script({"tool_calls": [call("lookup", {"word": "one"})]}, {"content": "{tool_result}"})
@@ -94,3 +98,16 @@ def test_sighup_takes_a_new_agent_file_and_rules_and_keeps_the_old_ones_when_bro
     finally:
         tk.close_clients()
         process.stop()
+
+
+def test_sigterm_to_the_supervisor_stops_every_worker(scripted, tmp_path):
+    write_agent(tmp_path, AGENT)
+    process = start_toolkeeper(tmp_path / "agent.yaml", scripted.base_url, "--workers", "2", "--consent", "none")
+    children = [int(pid) for pid in Path(f"/proc/{process.popen.pid}/task/{process.popen.pid}/children")
+                .read_text().split()]
+    assert len(children) == 2
+    process.popen.send_signal(signal.SIGTERM)  # the supervisor alone, not its process group
+    assert process.popen.wait(15) == 0
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    process.stop()

@@ -24,20 +24,14 @@ from http.client import HTTPConnection, HTTPException
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Process, call, postgres_schema, start_toolkeeper, write_agent
+from conftest import LOOKUP, ROOT, Process, call, postgres_schema, start_toolkeeper, write_agent
 
 TOKEN = "replica-admin-token-5c1e"
 AGENT = """
     upstream: http://127.0.0.1:9/v1
     yolo: false
     tools:
-      - name: lookup
-        description: Look a word up. Returns its definition.
-        parameters:
-          word: {type: string, description: "The word."}
-        command: ["{python}", "{tools}/record.py", "lookup", "{{word}}"]
-        env: {OUT: "{out}"}
-        tier: silent
+""" + LOOKUP + """        tier: silent
       - name: work
         description: Do slow work. Returns what was done.
         parameters:

@@ -124,3 +124,33 @@ def test_a_store_migrated_by_a_newer_toolkeeper_is_refused(tmp_path):
     db.close()
     with pytest.raises(SchemaError, match="migrated by a newer toolkeeper"):
         SQLiteStore(path)
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgresql://tk:hunter2@db:5432/tk", "postgresql://tk:***@db:5432/tk"),
+    ("postgresql://tk:hun@ter2@db/tk", "postgresql://tk:***@db/tk"),
+    ("postgresql://db/tk?user=tk&password=hunter2&sslmode=require", "postgresql://db/tk?user=tk&password=***&sslmode=require"),
+])
+def test_a_database_url_is_shown_without_its_password(url, shown):
+    from toolkeeper.database import without_password
+
+    assert without_password(url) == shown
+
+
+def test_a_store_statement_the_server_cancels_is_not_run_twice():
+    """A statement_timeout is not a lost connection: tried again, a DELETE ... RETURNING would lose its row."""
+    from toolkeeper.store import StoreError
+
+    async def scenario(url):
+        store = open_store(url)
+        try:
+            with pytest.raises(StoreError, match="canceling statement"):
+                await store._fetch("SELECT pg_sleep(3)")  # past the 2 s statement_timeout
+            assert await store._fetch("SELECT 1") == [(1,)]  # and the store still answers
+        finally:
+            await store.close()
+
+    with postgres_schema() as url:
+        started = time.monotonic()
+        run(scenario(url))
+        assert time.monotonic() - started < 4  # once, not twice

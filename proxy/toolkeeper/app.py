@@ -134,7 +134,7 @@ class Reloader:
         for key in ("upstream", "api_key_env", "agents"):
             if getattr(agent.config, key) != getattr(old.config, key):
                 log.warning("the agent file's %s changed: it takes effect at the next restart", key)
-        self.calls.runners = runners
+        self.calls.runners = {**self.calls.runners, **runners}  # a turn begun before may still run an old tool
         self.calls.policy = Policy(agent.config.yolo, rules, self.calls.policy.opa)
         self.engine.use(agent)
         log.info("reloaded: %d declared tools from %s @%s, %s", len(agent.tools), agent.path, agent.revision,

@@ -21,7 +21,10 @@ def is_postgres_url(location: object) -> bool:
 
 
 def without_password(url: str) -> str:
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+    """The URL as it may be shown: a password in the user part (even one holding `@`) or in a `password=`
+    parameter becomes `***`."""
+    shown = re.sub(r"://([^:/@]*):[^/?#]*@", r"://\1:***@", url)
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", shown)
 
 
 def connect_arguments(url: str, wait: float) -> dict[str, Any]:

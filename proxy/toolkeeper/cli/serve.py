@@ -40,8 +40,12 @@ def run(args: argparse.Namespace) -> int:
         agent = load_agent_file(args.agent_file, upstream=settings.upstream)
         workers = worker_count(settings)
         if workers > 1:
-            def worker(given: Settings, ready_fd: int) -> int:
-                return asyncio.run(serve(agent, given, ready_fd=ready_fd))
+            def worker(given: Settings, ready_fd: int | None) -> int:
+                try:  # a worker started again after a reload serves what its siblings serve
+                    current = load_agent_file(args.agent_file, upstream=settings.upstream)
+                except AgentFileError:
+                    current = agent
+                return asyncio.run(serve(current, given, worker=True, ready_fd=ready_fd))
 
             def announce(port: int, policy: str) -> None:
                 print(listening_line(agent, settings.host, port, policy, workers), flush=True)
@@ -57,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-async def serve(agent, settings: Settings, *, ready_fd: int | None = None) -> int:
-    """One process serving the port; a worker (`ready_fd`: its supervisor's pipe) shares it with its siblings."""
+async def serve(agent, settings: Settings, *, worker: bool = False, ready_fd: int | None = None) -> int:
+    """One process serving the port; a worker shares it with its siblings, and says it listens on `ready_fd` (its
+    supervisor's pipe) rather than on stdout."""
     from aiohttp import web
 
     from toolkeeper.app import RELOAD, build_app
@@ -69,7 +74,7 @@ async def serve(agent, settings: Settings, *, ready_fd: int | None = None) -> in
     # keepalive_timeout also closes a connection that never completes its request's headers
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.idle_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=ready_fd is not None)
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=worker)
     try:
         await site.start()
     except OSError as exc:
@@ -77,10 +82,10 @@ async def serve(agent, settings: Settings, *, ready_fd: int | None = None) -> in
               file=sys.stderr)
         await runner.cleanup()
         return 1
-    if ready_fd is None:
+    if not worker:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         print(listening_line(agent, settings.host, port, app[RELOAD].describe()), flush=True)
-    else:
+    elif ready_fd is not None:
         os.write(ready_fd, app[RELOAD].describe().encode() + b"\n")
         os.close(ready_fd)
     stop = asyncio.Event()

@@ -22,11 +22,13 @@ from dataclasses import replace
 
 from toolkeeper.settings import Settings
 
-# A worker's whole life: serve with these settings, say "listening" on the fd, return the exit code.
-Worker = Callable[[Settings, int], int]
+# A worker's whole life: serve with these settings, say "listening" on the fd (None: say nothing), return its
+# exit code.
+Worker = Callable[[Settings, int | None], int]
 
 START_WAIT = 60.0  # seconds the workers have to start listening
 RESTART_PAUSE = 1.0  # seconds before a worker that died is started again
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # passed on to every worker
 
 
 def worker_count(settings: Settings) -> int:
@@ -48,39 +50,103 @@ def supervise(settings: Settings, count: int, worker: Worker, announce: Callable
     """Start `count` workers on one port, `announce(port, what the first worker said)` once all listen, then
     keep them running until a signal stops them."""
     reserved = reserve_port(settings.host, settings.port)
-    settings = replace(settings, port=reserved.getsockname()[1])
-    ready_read, ready_write = os.pipe()
-    workers = {start_worker(worker, settings, ready_write): index for index in range(count)}
-    said = wait_until_ready(ready_read, workers, count)
-    if said is None:
-        stop_all(workers)
-        return 1
-    announce(settings.port, said)
-    stopping = False
+    try:
+        return Supervisor(replace(settings, port=reserved.getsockname()[1]), worker).run(count, announce)
+    finally:
+        reserved.close()
 
-    def forward(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = stopping or signum != signal.SIGHUP
-        for pid in workers:
+
+class Supervisor:
+    def __init__(self, settings: Settings, worker: Worker):
+        self.settings = settings
+        self.worker = worker
+        self.workers: dict[int, int] = {}  # pid -> the worker's index
+        self.stopping = False
+
+    def run(self, count: int, announce: Callable[[int, str], None]) -> int:
+        for signum in SIGNALS:  # before the first fork: a signal at any moment reaches every worker
+            signal.signal(signum, self.forward)
+        ready_read, ready_write = os.pipe()
+        for index in range(count):
+            self.start(index, ready_write)
+        said = self.wait_until_ready(ready_read, count)
+        os.close(ready_read)
+        os.close(ready_write)  # workers started again later announce nothing
+        if said is None:
+            self.stop_all()
+            return 0 if self.stopping else 1
+        announce(self.settings.port, said)
+        while self.workers:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            index = self.workers.pop(pid, None)
+            if index is None or self.stopping:
+                continue
+            print(f"toolkeeper: worker {index} (pid {pid}) ended with status "
+                  f"{os.waitstatus_to_exitcode(status)}; starting it again", file=sys.stderr, flush=True)
+            time.sleep(RESTART_PAUSE)
+            if not self.stopping:
+                self.start(index, None)
+        return 0
+
+    def forward(self, signum: int, _frame: object) -> None:
+        self.stopping = self.stopping or signum != signal.SIGHUP
+        for pid in list(self.workers):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, forward)
-    while workers:
+    def start(self, index: int, ready_fd: int | None) -> None:
+        """Fork a worker with the signals held, so none is lost or handled by the supervisor's handler in it."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        pid = os.fork()
+        if pid == 0:
+            for signum in SIGNALS:  # the worker: signals as a single process has them, then serve
+                signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            self._be_the_worker(ready_fd)
+        self.workers[pid] = index
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def _be_the_worker(self, ready_fd: int | None) -> None:
+        code = 1
         try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            break
-        index = workers.pop(pid, None)
-        if index is None or stopping:
-            continue
-        print(f"toolkeeper: worker {index} (pid {pid}) ended with status {os.waitstatus_to_exitcode(status)}; "
-              "starting it again", file=sys.stderr, flush=True)
-        time.sleep(RESTART_PAUSE)
-        workers[start_worker(worker, settings, ready_write)] = index
-    reserved.close()
-    return 0
+            code = self.worker(self.settings, os.dup(ready_fd) if ready_fd is not None else None)
+        except BaseException as exc:  # a worker reports and exits: it never returns into the supervisor
+            print(f"toolkeeper: worker failed: {exc}", file=sys.stderr, flush=True)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def wait_until_ready(self, ready_fd: int, count: int) -> str | None:
+        """Each worker writes one line once it listens: the policy it describes; None when one dies first, or a
+        signal stops the start."""
+        deadline, lines = time.monotonic() + START_WAIT, b""
+        while lines.count(b"\n") < count:
+            if self.stopping:
+                return None
+            for pid in list(self.workers):
+                done, _ = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    self.workers.pop(pid)
+                    return None
+            readable, _, _ = select.select([ready_fd], [], [], 0.1)
+            if readable:
+                lines += os.read(ready_fd, 4096)
+            if time.monotonic() > deadline:
+                print(f"toolkeeper: the workers did not start within {START_WAIT:g} s", file=sys.stderr)
+                return None
+        return lines.split(b"\n")[0].decode()
+
+    def stop_all(self) -> None:
+        for pid in self.workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        for pid in self.workers:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -95,47 +161,3 @@ def reserve_port(host: str, port: int) -> socket.socket:
         reserved.close()
         raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return reserved
-
-
-def start_worker(worker: Worker, settings: Settings, ready_fd: int) -> int:
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:  # the worker: signals as a single process has them, then serve
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_DFL)
-        code = worker(settings, os.dup(ready_fd))
-    except BaseException as exc:  # a worker reports and exits: it never returns into the supervisor
-        print(f"toolkeeper: worker failed: {exc}", file=sys.stderr, flush=True)
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def wait_until_ready(ready_fd: int, workers: dict[int, int], count: int) -> str | None:
-    """Each worker writes one line once it listens: the policy it describes; None when one dies first."""
-    deadline, lines = time.monotonic() + START_WAIT, b""
-    while lines.count(b"\n") < count:
-        for pid in list(workers):
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done:
-                workers.pop(pid)
-                return None
-        readable, _, _ = select.select([ready_fd], [], [], 0.1)
-        if readable:
-            lines += os.read(ready_fd, 4096)
-        if time.monotonic() > deadline:
-            print(f"toolkeeper: the workers did not start within {START_WAIT:g} s", file=sys.stderr)
-            return None
-    return lines.split(b"\n")[0].decode()
-
-
-def stop_all(workers: dict[int, int]) -> None:
-    for pid in workers:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    for pid in workers:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)

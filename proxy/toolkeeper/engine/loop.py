@@ -269,8 +269,9 @@ class Engine:
 
 
 async def bounded_gather(calls: list[Awaitable[Outcome]]) -> list[Outcome]:
-    """A response's declared calls run together (four 100 ms tools take 100 ms), at most PARALLEL_CALLS at once;
-    one that fails cancels the others, as one call failing always ended the turn."""
+    """A response's declared calls run together (four 100 ms tools take 100 ms), at most PARALLEL_CALLS at once,
+    as a model that sends them in one response means them. One that fails (a bug of ours: a call's own failure
+    is an answer) stops the others and is raised as itself."""
     if len(calls) == 1:
         return [await calls[0]]
     gate = asyncio.Semaphore(PARALLEL_CALLS)
@@ -279,9 +280,13 @@ async def bounded_gather(calls: list[Awaitable[Outcome]]) -> list[Outcome]:
         async with gate:
             return await call
 
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(gated(call)) for call in calls]
-    return [task.result() for task in tasks]
+    tasks = [asyncio.ensure_future(gated(call)) for call in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
 
 
 def tool_name(tool: Any) -> str | None:

@@ -56,29 +56,36 @@ class ApprovalsConsent:
         given = await store.find_approval(request.agent, request.tool, request.args_hash, ("approved",))
         if given and await store.settle_approval(given["id"], "used", None, None, only_from=("approved",)):
             return ConsentAnswer(True, given["approver"] or "approvals", "approved while no request waited")
-        approval = await store.find_approval(request.agent, request.tool, request.args_hash, ("waiting",))
-        if approval is None:
-            approval = {"id": new_id("ap_"), "agent": request.agent, "tool": request.tool,
-                        "args_hash": request.args_hash, "arguments": request.arguments, "argv": request.argv,
-                        "created": time.time(), "status": "waiting", "why": request.reason, "rule": request.rule,
-                        "source": request.source, "agent_header": request.agent_header}
-            await store.add_approval(approval)
-        log.warning("waiting for approval %s: %s, because %s (toolkeeper approve %s, or deny)", approval["id"],
-                    request.summary(), request.why(), approval["id"])
-        return await self._wait(approval["id"])
+        while True:  # an identical call waiting beside this one shares its approval; one approval runs one call
+            approval = await store.find_approval(request.agent, request.tool, request.args_hash, ("waiting",))
+            if approval is None:
+                approval = {"id": new_id("ap_"), "agent": request.agent, "tool": request.tool,
+                            "args_hash": request.args_hash, "arguments": request.arguments, "argv": request.argv,
+                            "created": time.time(), "status": "waiting", "why": request.reason,
+                            "rule": request.rule, "source": request.source, "agent_header": request.agent_header}
+                await store.add_approval(approval)
+            log.warning("waiting for approval %s: %s, because %s (toolkeeper approve %s, or deny)", approval["id"],
+                        request.summary(), request.why(), approval["id"])
+            answer = await self._wait(approval["id"])
+            if answer is not None:
+                return answer
 
-    async def _wait(self, approval_id: str) -> ConsentAnswer:
-        """Until the approval moves (answered here, on another replica, or its time runs out)."""
+    async def _wait(self, approval_id: str) -> ConsentAnswer | None:
+        """Until the approval moves (answered here, on another replica, or its time runs out); None when another
+        call took it (an identical call waiting beside this one): this one must ask anew."""
         deadline = time.monotonic() + self.timeout
         while True:
             current = await self.store.get_approval(approval_id)
             if current is None:
                 return ConsentAnswer(False, "approvals", "the approval disappeared from the store")
+            if current["status"] == "used":
+                return None
             if current["status"] == "approved":
-                await self.store.settle_approval(approval_id, "used", None, None, only_from=("approved",))
+                if not await self.store.settle_approval(approval_id, "used", None, None, only_from=("approved",)):
+                    return None  # taken between the look and the claim
                 return ConsentAnswer(True, current["approver"] or "approvals", f"approved ({approval_id})",
                                      always=bool(current.get("granted")))
-            if current["status"] in ("denied", "expired", "used"):
+            if current["status"] in ("denied", "expired"):
                 return ConsentAnswer(False, current["approver"] or "approvals",
                                      current["reason"] or f"the request was {current['status']}")
             left = deadline - time.monotonic()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+log = logging.getLogger("toolkeeper")
 
 LEASE = 5.0  # seconds an unfinished attempt holds its call without renewing
 PURGE_EVERY = 200  # writes
@@ -65,6 +68,11 @@ class SQLStore:
     def __init__(self) -> None:
         self._writes = 0
         self._watchers: dict[str, set[asyncio.Event]] = {}
+        self._purging: asyncio.Task[None] | None = None
+
+    def now(self) -> float:
+        """The time leases are written and read in (a dialect may follow the database's clock)."""
+        return time.time()
 
     # -- the dialect's part -------------------------------------------------------------
 
@@ -93,13 +101,13 @@ class SQLStore:
     async def put_exchange(self, key: str, loose_key: str, exchange: dict, ttl: float) -> None:
         await self._execute("INSERT INTO exchanges (key, loose_key, body, expires) VALUES (?, ?, ?, ?) "
                             "ON CONFLICT (key) DO UPDATE SET loose_key = excluded.loose_key, body = excluded.body, "
-                            "expires = excluded.expires", (key, loose_key, orjson.dumps(exchange), time.time() + ttl))
+                            "expires = excluded.expires", (key, loose_key, orjson.dumps(exchange), self.now() + ttl))
         await self._wrote()
 
     async def find_exchanges(self, loose_keys: list[str]) -> dict[str, list[tuple[str, dict | None]]]:
         """loose key -> [(full key, exchange or None when expired)]."""
         found: dict[str, list[tuple[str, dict | None]]] = {}
-        now = time.time()
+        now = self.now()
         for start in range(0, len(loose_keys), 500):
             batch = loose_keys[start:start + 500]
             rows = await self._fetch("SELECT loose_key, key, body, expires FROM exchanges "  # noqa: S608
@@ -114,14 +122,14 @@ class SQLStore:
     async def put_link(self, key: str, value: dict, ttl: float) -> None:
         await self._execute("INSERT INTO links (key, value, expires) VALUES (?, ?, ?) ON CONFLICT (key) DO UPDATE "
                             "SET value = excluded.value, expires = excluded.expires",
-                            (key, orjson.dumps(value), time.time() + ttl))
+                            (key, orjson.dumps(value), self.now() + ttl))
         await self._wrote()
 
     async def get_links(self, keys: list[str]) -> dict[str, dict]:
         if not keys:
             return {}
         rows = await self._fetch(f"SELECT key, value FROM links WHERE key IN ({marks(keys)}) "  # noqa: S608
-                                 "AND expires > ?", (*keys, time.time()))
+                                 "AND expires > ?", (*keys, self.now()))
         return {key: orjson.loads(value) for key, value in rows}
 
     async def get_link(self, key: str) -> dict | None:
@@ -129,24 +137,25 @@ class SQLStore:
 
     async def take_link(self, key: str) -> dict | None:
         """The link, removed: whoever takes it first has it."""
-        rows = await self._fetch("DELETE FROM links WHERE key = ? AND expires > ? RETURNING value", (key, time.time()))
+        rows = await self._fetch("DELETE FROM links WHERE key = ? AND expires > ? RETURNING value", (key, self.now()))
         return orjson.loads(rows[0][0]) if rows else None
 
     async def take_expired_links(self) -> list[dict]:
         """The links whose time ran out, removed."""
-        rows = await self._fetch("DELETE FROM links WHERE expires <= ? RETURNING value", (time.time(),))
+        rows = await self._fetch("DELETE FROM links WHERE expires <= ? RETURNING value", (self.now(),))
         return [orjson.loads(row[0]) for row in rows]
 
     # -- the retry memo -------------------------------------------------------------------
 
     async def claim_call(self, key: str, window: float) -> Claim:
         """Run it here (a claim), take the answer an earlier attempt left, or learn it still runs elsewhere."""
-        owner, now = secrets.token_hex(8), time.time()
+        owner, now = secrets.token_hex(8), self.now()
         taken = await self._fetch(
             "INSERT INTO call_results (key, answer, owner, lease, expires) VALUES (?, NULL, ?, ?, ?) "
             "ON CONFLICT (key) DO UPDATE SET answer = NULL, owner = excluded.owner, lease = excluded.lease, "
             "expires = excluded.expires WHERE (call_results.answer IS NULL AND call_results.lease < ?) "
-            "OR call_results.expires < ? RETURNING owner", (key, owner, now + LEASE, now + window, now, now))
+            "OR (call_results.answer IS NOT NULL AND call_results.expires < ?) RETURNING owner",
+            (key, owner, now + LEASE, now + window, now, now))
         if taken and taken[0][0] == owner:
             await self._wrote()
             return Claim(owner=owner)
@@ -155,24 +164,33 @@ class SQLStore:
 
     async def renew_claim(self, key: str, owner: str) -> bool:
         return await self._execute("UPDATE call_results SET lease = ? WHERE key = ? AND owner = ? AND answer IS NULL",
-                                   (time.time() + LEASE, key, owner)) == 1
+                                   (self.now() + LEASE, key, owner)) == 1
 
     async def finish_call(self, key: str, owner: str, answer: str, window: float) -> None:
         await self._execute("UPDATE call_results SET answer = ?, expires = ? WHERE key = ? AND owner = ?",
-                            (answer, time.time() + window, key, owner))
+                            (answer, self.now() + window, key, owner))
 
     async def release_call(self, key: str, owner: str) -> None:
         """The attempt ended without an answer to keep (cancelled, denied): a retry runs it afresh."""
         await self._execute("DELETE FROM call_results WHERE key = ? AND owner = ? AND answer IS NULL", (key, owner))
 
     async def _wrote(self) -> None:
+        """Every PURGE_EVERY writes, a purge in the background: no request waits for it or fails with it."""
         self._writes += 1
-        if self._writes % PURGE_EVERY == 0:
+        if self._writes % PURGE_EVERY == 0 and self._purging is None:
+            self._purging = asyncio.get_running_loop().create_task(self._purge_quietly())
+
+    async def _purge_quietly(self) -> None:
+        try:
             await self.purge()
+        except StoreError as exc:
+            log.warning("the store's purge of expired entries failed (tried again later): %s", exc)
+        finally:
+            self._purging = None
 
     async def purge(self, now: float | None = None) -> None:
         """Expired exchanges lose their body at once, and their keys a day later."""
-        now = now or time.time()
+        now = now or self.now()
         await self._atomic([
             ("UPDATE exchanges SET body = NULL WHERE expires <= ? AND body IS NOT NULL", (now,)),
             ("DELETE FROM exchanges WHERE body IS NULL AND expires <= ?", (now - 86400,)),
@@ -187,7 +205,7 @@ class SQLStore:
         await self._execute(f"INSERT INTO approvals ({APPROVAL_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
                             (approval["id"], approval["agent"], approval["tool"], approval["args_hash"],
                              orjson.dumps(body), approval["status"], approval.get("approver"),
-                             approval.get("reason"), approval.get("updated", time.time()), None))
+                             approval.get("reason"), approval.get("updated", self.now()), None))
 
     async def get_approval(self, approval_id: str) -> dict | None:
         rows = await self._fetch(f"SELECT {APPROVAL_FIELDS} FROM approvals WHERE id = ?", (approval_id,))  # noqa: S608
@@ -210,7 +228,7 @@ class SQLStore:
         moved = await self._execute(
             "UPDATE approvals SET status = ?, approver = COALESCE(?, approver), reason = COALESCE(?, reason), "  # noqa: S608
             f"granted = COALESCE(?, granted), updated = ? WHERE id = ? AND status IN ({marks(only_from)})",
-            (status, approver, reason, granted, time.time(), approval_id, *only_from)) == 1
+            (status, approver, reason, granted, self.now(), approval_id, *only_from)) == 1
         if moved:
             self.wake(approval_id)
             with contextlib.suppress(StoreError):  # the others still poll
@@ -237,7 +255,7 @@ class SQLStore:
     # -- always grants: one agent, one tool, until revoked --------------------------------
 
     async def grant(self, agent: str, tool: str, approver: str) -> str:
-        grant_id, now = new_id("al_"), time.time()
+        grant_id, now = new_id("al_"), self.now()
         await self._atomic([
             ("UPDATE always_grants SET revoked = ? WHERE agent = ? AND tool = ? AND revoked IS NULL",
              (now, agent, tool)),
@@ -258,7 +276,7 @@ class SQLStore:
 
     async def revoke(self, grant_id: str) -> bool:
         return await self._execute("UPDATE always_grants SET revoked = ? WHERE id = ? AND revoked IS NULL",
-                                   (time.time(), grant_id)) == 1
+                                   (self.now(), grant_id)) == 1
 
 
 def marks(values: Sequence[Any]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from toolkeeper.store.schema import migrate
 log = logging.getLogger("toolkeeper")
 
 WAIT = 2.0  # seconds for a connection, a lock or a statement
+CUT_AFTER = 0.5  # seconds past WAIT before a statement's connection is cut: the server did not answer at all
 POOL_SIZE = 8
 CHANNEL = "toolkeeper_approvals"
 SCHEMA_LOCK = 7335003  # an advisory lock: processes starting together migrate one at a time
@@ -43,7 +45,11 @@ class PostgresStore(SQLStore):
         self._listener: asyncio.Task[None] | None = None
         self._listening = False
         self._stalled = False  # the last statement found the server not answering
+        self._clock_offset = 0.0  # the database's clock minus this machine's: leases in one clock for all replicas
         self._migrate()
+
+    def now(self) -> float:
+        return time.time() + self._clock_offset
 
     @property
     def poll(self) -> float:  # type: ignore[override]
@@ -52,10 +58,14 @@ class PostgresStore(SQLStore):
     def _migrate(self) -> None:
         psycopg = self._psycopg
         try:
-            with psycopg.connect(self.url, autocommit=True, **self._connect) as db, db.transaction():
-                db.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
-                migrate(lambda sql, params: _rows(db.execute(self.dialect(sql), params)),
-                        real="DOUBLE PRECISION", blob="BYTEA")
+            with psycopg.connect(self.url, autocommit=True, **self._connect) as db:
+                with db.transaction():
+                    db.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
+                    migrate(lambda sql, params: _rows(db.execute(self.dialect(sql), params)),
+                            real="DOUBLE PRECISION", blob="BYTEA")
+                asked = time.time()
+                server = db.execute("SELECT extract(epoch from clock_timestamp())").fetchone()[0]
+                self._clock_offset = float(server) - (asked + time.time()) / 2
         except psycopg.Error as exc:
             raise StoreError(f"cannot open the store at {self.location}: {exc}") from exc
 
@@ -90,7 +100,7 @@ class PostgresStore(SQLStore):
                 self._stalled = False
                 return result
             except psycopg.OperationalError as exc:
-                if attempt == 2 or self._stalled:
+                if attempt == 2 or self._stalled or not _connection_lost(exc):
                     raise StoreError(f"the store ({self.location}) failed: {exc}") from exc
                 await (await self._pooled()).check()  # drop the pool's other dead connections before trying again
             except (psycopg.Error, _pool_error()) as exc:
@@ -101,19 +111,23 @@ class PostgresStore(SQLStore):
         """Past WAIT, a timer cuts the connection's socket: the statement fails at once. (Cancelling it would not
         do: psycopg then waits for the cancelled statement's answer, which a hung server never sends.)"""
         used: dict[str, Any] = {}
-        timer = asyncio.get_running_loop().call_later(WAIT, self._stall, used)
+        # the server's own statement_timeout (WAIT) answers first when it can answer at all
+        timer = asyncio.get_running_loop().call_later(WAIT + CUT_AFTER, self._stall, used)
         try:
             return await self._on_connection(statements, fetch, used)
         except self._psycopg.Error as exc:
             if used.get("stalled"):
-                raise StoreError(f"the store ({self.location}) did not answer within {WAIT:g} s") from exc
+                raise StoreError(f"the store ({self.location}) did not answer within {WAIT + CUT_AFTER:g} s") from exc
             raise
         finally:
             timer.cancel()
 
     def _stall(self, used: dict[str, Any]) -> None:
-        used["stalled"] = self._stalled = True
-        cut(used.get("connection"))
+        """A statement that has waited WAIT on its connection: the server does not answer. (Waiting for a free
+        connection is the pool's own timeout, and says nothing of the server.)"""
+        if used.get("connection") is not None:
+            used["stalled"] = self._stalled = True
+            cut(used["connection"])
 
     async def _on_connection(self, statements: list[tuple[str, Sequence[Any]]], fetch: bool,
                              used: dict[str, Any]) -> Any:
@@ -177,6 +191,13 @@ class PostgresStore(SQLStore):
                 await self._listener
         if self._pool is not None:
             await self._pool.close()
+
+
+def _connection_lost(exc: Exception) -> bool:
+    """The connection died (a restart, a network cut): the statement may be tried on another. A statement the
+    server cancelled (statement_timeout, lock_timeout) did not lose its connection, and may have had effects."""
+    state = getattr(exc, "sqlstate", None)
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
 def _rows(cursor: Any) -> list[tuple]:

@@ -60,6 +60,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             expires {real} NOT NULL)""",
         "ALTER TABLE approvals ADD COLUMN granted TEXT",
     ),
+    # 3: the purge finds what expired without reading every row
+    (
+        "CREATE INDEX IF NOT EXISTS exchanges_expires ON exchanges (expires)",
+        "CREATE INDEX IF NOT EXISTS links_expires ON links (expires)",
+        "CREATE INDEX IF NOT EXISTS call_results_expires ON call_results (expires)",
+    ),
 )
 VERSION = len(MIGRATIONS)
 
