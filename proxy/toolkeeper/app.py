@@ -35,7 +35,7 @@ from toolkeeper.policy import (
 from toolkeeper.runners import runners_for
 from toolkeeper.settings import TOKEN_VARIABLE, Settings
 from toolkeeper.store import Store, open_store
-from toolkeeper.tools import Agent, AgentFileError, load_agent_file, load_agent_keys
+from toolkeeper.tools import Agent, AgentFileError, lint_agent, load_agent_file, load_agent_keys
 from toolkeeper.wire import AdminGuard, AuditPage, Check, admin_app, approvals_api, proxy_app
 
 log = logging.getLogger("toolkeeper")
@@ -126,6 +126,9 @@ class Reloader:
         old = self.engine.agent
         try:
             agent = load_agent_file(old.path, upstream=self.settings.upstream)
+            errors = [finding.line() for finding in lint_agent(agent) if finding.severity == "error"]
+            if errors:
+                raise AgentFileError(f"{agent.path}: " + "; ".join(errors))
             rules = rules_in_force(self.settings, agent)
             runners = runners_for({tool.spec.runner for tool in agent.tools.values()})
         except (AgentFileError, RulesError, OSError, ValueError) as exc:

@@ -5,6 +5,7 @@
     approvals | approve | deny   answer the calls waiting for a person
     audit       read the audit trail
     policy      test the security team's rules before they ship
+    schema | check | model | eval   write good tools: what the model sees, a lint, the scripted model, success rates
 """
 
 from __future__ import annotations
@@ -12,19 +13,30 @@ from __future__ import annotations
 import argparse
 import sys
 
-from toolkeeper.cli import approvals, audit, demo, policy, serve
+from toolkeeper.cli import approvals, audit, authoring, demo, policy, serve
 
-COMMANDS = (serve, demo, approvals, audit, policy)
+COMMANDS = (serve, demo, approvals, audit, policy, authoring)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="toolkeeper",
                                      description="A policy-and-proxy layer between an agent and its tools.")
+    parser.add_argument("--version", action="version", version=f"toolkeeper {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(commands)
     args = parser.parse_args(argv)
     return args.run(args)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("toolkeeper")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         agent = load_agent_file(args.agent_file, upstream=settings.upstream)
+        if not linted(agent):
+            return 2
         workers = worker_count(settings)
         if workers > 1:
             def worker(given: Settings, ready_fd: int | None) -> int:
@@ -96,6 +98,19 @@ async def serve(agent, settings: Settings, *, worker: bool = False, ready_fd: in
     await stop.wait()
     await runner.cleanup()
     return 0
+
+
+def linted(agent) -> bool:
+    """`toolkeeper check`'s errors stop the start; its warnings are logged once."""
+    from toolkeeper.tools import lint_agent
+
+    findings = lint_agent(agent)
+    for finding in findings:
+        if finding.severity == "error":
+            print(f"toolkeeper: {agent.path}: {finding.line()} (toolkeeper check {agent.path})", file=sys.stderr)
+        else:
+            log.warning("%s: %s", agent.path, finding.line())
+    return not any(finding.severity == "error" for finding in findings)
 
 
 def listening_line(agent, host: str, port: int, policy: str, workers: int = 1) -> str:

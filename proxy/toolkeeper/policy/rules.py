@@ -222,6 +222,11 @@ class Rules:
         """What in these rules cannot be meant for this agent file: said at start and by `policy test`."""
         if not self.rules:
             return [f"{self.path}: no rules: only yolo and the tiers decide"]
+        return [f"{self.path}: {text}" for _, _, text in self.problems(agent)]
+
+    def problems(self, agent: Agent) -> list[tuple[str, str, str]]:
+        """(code, rule id, what): R001 a rule naming a tool the file does not declare, R002 one testing an
+        argument no tool it names declares (it can never match)."""
         found = []
         for rule in self.rules:
             if rule.when.source == "agent":
@@ -230,15 +235,15 @@ class Rules:
             tools = [t for t in agent.tools.values() if globs is None or any(fnmatch.fnmatchcase(t.name, g)
                                                                              for g in globs)]
             if globs is not None and not tools:
-                found.append(f"{self.path}: rule {rule.id!r} names tool {', '.join(globs)}, which {agent.path.name} "
-                             "does not declare: it matches only an agent's own tool of that name (say `source: "
-                             "agent` if that is what it is for)")
+                found.append(("R001", rule.id, f"rule {rule.id!r} names tool {', '.join(globs)}, which "
+                              f"{agent.path.name} does not declare: it matches only an agent's own tool of that name "
+                              "(say `source: agent` if that is what it is for)"))
                 continue
             known = {name for tool in tools for name in tool.spec.parameters}
             for name in rule.when.arguments:
                 if name.split(".")[0] not in known:
-                    found.append(f"{self.path}: rule {rule.id!r} tests argument {name!r}, which no tool it names "
-                                 "declares")
+                    found.append(("R002", rule.id, f"rule {rule.id!r} tests argument {name!r}, which no tool it "
+                                  "names declares: it can never match"))
         return found
 
     def matching(self, document: dict[str, Any]) -> list[Rule]:

@@ -241,7 +241,8 @@ class SQLStore:
         self._watchers.setdefault(approval_id, set()).add(event)
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), min(timeout, self.poll))
+                async with asyncio.timeout(min(timeout, self.poll)):  # not wait_for: see wire/server.py
+                    await event.wait()
         finally:
             watchers = self._watchers.get(approval_id, set())
             watchers.discard(event)

@@ -30,6 +30,7 @@ from toolkeeper.tools.discovery import (
     not_found_yet_answer,
     search_answer,
 )
+from toolkeeper.tools.lint import Finding, lint_agent
 from toolkeeper.tools.schemas import tool_schema
 from toolkeeper.tools.templates import CommandTemplate, RenderError, TemplateError, render_scalar
 
@@ -44,6 +45,7 @@ __all__ = [
     "Checked",
     "CommandTemplate",
     "DeclaredTool",
+    "Finding",
     "ModuleCache",
     "MountedDir",
     "Parameter",
@@ -56,10 +58,12 @@ __all__ = [
     "check_arguments",
     "compiled_modules",
     "invalid_call_answer",
+    "lint_agent",
     "load_agent_file",
     "load_agent_keys",
     "minimal_path",
     "not_found_yet_answer",
+    "offered_schemas",
     "parse_arguments",
     "render_scalar",
     "search_answer",
@@ -67,6 +71,15 @@ __all__ = [
 ]
 
 _WASM = ("ModuleCache", "WasmModuleError", "compiled_modules")
+
+
+def offered_schemas(agent: Agent, style: str | None = None) -> list[dict[str, Any]]:
+    """The tool entries the model receives at the start of a conversation, in order (Chat Completions shape):
+    the inline tools as declared, then the search tool when some are discoverable."""
+    style = style or agent.config.schema_style
+    tools = list(agent.tools.values())
+    inline = [tool_schema(tool.spec, style) for tool in tools if tool.spec.visibility != "discoverable"]
+    return inline + ([SEARCH_SCHEMA] if len(inline) < len(tools) else [])
 
 
 def __getattr__(name: str) -> Any:

@@ -8,6 +8,8 @@ or a policy: the composition root (`toolkeeper.app`) hands it what it serves.
 from toolkeeper.wire.admin import AdminGuard, admin_app, approvals_api
 from toolkeeper.wire.auditpage import AuditPage
 from toolkeeper.wire.chat import ChatCompletions
+from toolkeeper.wire.messages_items import anthropic_tool
+from toolkeeper.wire.responses_items import flat_tool
 from toolkeeper.wire.scripted import ScriptedModel, serve_scripted
 from toolkeeper.wire.server import Check, proxy_app
 from toolkeeper.wire.upstream import Upstream, UpstreamError
@@ -21,7 +23,9 @@ __all__ = [
     "Upstream",
     "UpstreamError",
     "admin_app",
+    "anthropic_tool",
     "approvals_api",
+    "flat_tool",
     "proxy_app",
     "serve_scripted",
 ]

@@ -174,7 +174,8 @@ class Probes:
         problems = []
         for name, check in self.checks.items():
             try:
-                await asyncio.wait_for(check(), CHECK_WAIT)
+                async with asyncio.timeout(CHECK_WAIT):  # not wait_for: on 3.11 it can swallow a cancellation
+                    await check()
             except TimeoutError:
                 problems.append(f"{name}: no answer within {CHECK_WAIT:g} s")
             except Exception as exc:

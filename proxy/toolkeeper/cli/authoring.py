@@ -1,0 +1,127 @@
+"""Writing good tools: `toolkeeper schema` (what the model receives), `toolkeeper check` (a lint read as the model
+reads), `toolkeeper model` (the scripted model, for a first run with no model at all)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    schema = commands.add_parser("schema", help="print the tool entries the model receives, as one JSON array")
+    schema.add_argument("agent_file", help="the agent file (YAML)")
+    schema.add_argument("--style", choices=("plain", "standard"), help="override the file's `schema:`")
+    schema.add_argument("--api", choices=("chat", "responses", "messages"), default="chat",
+                        help="the shape of the API the agent speaks (default chat)")
+    schema.set_defaults(run=schema_command)
+
+    check = commands.add_parser("check", help="lint an agent file as the model will read it")
+    check.add_argument("agent_file", help="the agent file (YAML)")
+    check.add_argument("--policy", metavar="RULES", help="also check the security team's YAML rules against it")
+    check.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
+    check.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    check.set_defaults(run=check_command)
+
+    model = commands.add_parser("model", help="serve the scripted model (Chat Completions, Responses, Messages) "
+                                              "for a first run without a model")
+    model.add_argument("--script", required=True, metavar="FILE",
+                       help="a JSON or YAML list of steps, each with `content` and/or `tool_calls`")
+    model.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    model.add_argument("--port", type=int, default=8700, help="the port to listen on (default 8700; 0 picks one)")
+    model.set_defaults(run=model_command)
+
+
+def schema_command(args: argparse.Namespace) -> int:
+    from toolkeeper.tools import AgentFileError, load_agent_file, offered_schemas
+    from toolkeeper.wire import anthropic_tool, flat_tool
+
+    try:
+        agent = load_agent_file(args.agent_file)
+    except AgentFileError as exc:
+        print(f"toolkeeper: {exc}", file=sys.stderr)
+        return 2
+    entries = offered_schemas(agent, args.style)
+    shape = {"chat": lambda entry: entry, "responses": flat_tool, "messages": anthropic_tool}[args.api]
+    print(json.dumps([shape(entry) for entry in entries], indent=2, ensure_ascii=False))
+    return 0
+
+
+def check_command(args: argparse.Namespace) -> int:
+    from toolkeeper.tools import Finding
+
+    findings = findings_for(args.agent_file, args.policy)
+    errors = sum(finding.severity == "error" for finding in findings)
+    warnings = len(findings) - errors
+    if args.format == "json":
+        print(json.dumps({"file": args.agent_file, "errors": errors, "warnings": warnings,
+                          "findings": [finding.as_dict() for finding in findings]}, indent=2))
+    else:
+        for finding in findings:
+            print(f"{args.agent_file}: {Finding.line(finding)}")
+        print(f"{args.agent_file}: {errors} errors, {warnings} warnings")
+    return 1 if errors or (warnings and args.strict) else 0
+
+
+def findings_for(agent_file: str, policy: str | None) -> list:
+    """The lint's findings; a file that does not load is one finding (E000), as are rules that do not (R000)."""
+    from toolkeeper.policy import RulesError, load_rules
+    from toolkeeper.tools import AgentFileError, Finding, lint_agent, load_agent_file
+
+    try:
+        agent = load_agent_file(agent_file)
+    except AgentFileError as exc:
+        return [Finding("E000", "error", None, None, f"the file does not load: {exc}", "correct what it names")]
+    findings = lint_agent(agent)
+    if policy:
+        try:
+            rules = load_rules(policy)
+        except RulesError as exc:
+            return [*findings, Finding("R000", "error", None, None, f"the rules do not load: {exc}",
+                                       "correct what it names")]
+        findings += [Finding(code, "warning", None, f"rules.{rule_id}", text, "name what the agent file declares, "
+                             "or say `source: agent`") for code, rule_id, text in rules.problems(agent)]
+    return findings
+
+
+def model_command(args: argparse.Namespace) -> int:
+    from toolkeeper.wire import ScriptedModel, serve_scripted
+
+    try:
+        steps = read_script(Path(args.script))
+    except (OSError, ValueError) as exc:
+        print(f"toolkeeper: {exc}", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        runner, port = await serve_scripted(ScriptedModel(steps), args.host, args.port)
+        print(f"scripted model listening on http://{args.host}:{port}/v1 ({len(steps)} steps from {args.script})",
+              flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        print(f"toolkeeper: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def read_script(path: Path) -> list[dict]:
+    """A JSON or YAML list of steps; each a mapping (`content`, `tool_calls`, ...)."""
+    import yaml
+
+    try:
+        steps = yaml.safe_load(path.read_text(encoding="utf-8"))  # JSON is YAML
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: neither JSON nor YAML: {exc}") from None
+    if not isinstance(steps, list) or not all(isinstance(step, dict) for step in steps):
+        raise ValueError(f"{path}: a script is a list of steps, each a mapping with `content` and/or `tool_calls`")
+    return steps
