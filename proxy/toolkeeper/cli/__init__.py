@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from toolkeeper.cli import approvals, audit, authoring, demo, policy, serve
+from toolkeeper.cli import approvals, audit, authoring, demo, evaluation, policy, serve
 
-COMMANDS = (serve, demo, approvals, audit, policy, authoring)
+COMMANDS = (serve, demo, approvals, audit, policy, authoring, evaluation)
 
 
 def main(argv: list[str] | None = None) -> int:

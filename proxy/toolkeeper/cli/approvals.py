@@ -32,15 +32,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     listing.add_argument("--always", action="store_true", help="list the always grants in force instead")
     listing.set_defaults(run=lambda args: grants_command(args.url) if args.always else list_command(args.url))
     revoke = commands.add_parser("revoke", parents=[admin], help="revoke an always grant")
-    revoke.add_argument("id")
+    revoke.add_argument("id", help="the grant's id, as `toolkeeper approvals --always` lists it (al_...)")
     revoke.set_defaults(run=lambda args: revoke_command(args.url, args.id))
     approve = commands.add_parser("approve", parents=[admin], help="approve a waiting call")
-    approve.add_argument("id")
+    approve.add_argument("id", help="the waiting call's id, as `toolkeeper approvals` lists it (ap_...)")
     approve.add_argument("--always", action="store_true",
                          help="and always allow this agent this tool from now on (never when a security rule asked)")
     approve.add_argument("--as", dest="approver", help="who approves (default: your user name)")
     deny = commands.add_parser("deny", parents=[admin], help="deny a waiting call")
-    deny.add_argument("id")
+    deny.add_argument("id", help="the waiting call's id, as `toolkeeper approvals` lists it (ap_...)")
     deny.add_argument("--reason", help="what the model is told")
     deny.add_argument("--as", dest="approver", help="who denies (default: your user name)")
     for verb in (approve, deny):

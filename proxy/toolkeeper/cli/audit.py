@@ -39,13 +39,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     export = audit_commands.add_parser("export", parents=[trail], help="every record, as JSON lines or CSV")
     for sub in (listing, export):
         sub.add_argument("--since", help="like 7d, 12h, 30m")
-        sub.add_argument("--tool")
-        sub.add_argument("--status", choices=STATUSES)
-        sub.add_argument("--agent")
+        sub.add_argument("--tool", help="only calls of this tool")
+        sub.add_argument("--status", choices=STATUSES, help="only calls in this state")
+        sub.add_argument("--agent", help="only calls of this agent (its name, or the hash the records show)")
         sub.add_argument("--source", choices=["declared", "agent"],
                          help="declared calls (toolkeeper ran them), or the agent's own (passed on or refused)")
-    export.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
-    audit_commands.add_parser("show", parents=[trail], help="one execution in full").add_argument("id")
+    export.add_argument("--format", choices=["jsonl", "csv"], default="jsonl", help="jsonl (default) or csv")
+    audit_commands.add_parser("show", parents=[trail], help="one execution in full").add_argument(
+        "id", help="the record's id, as `audit list` shows it")
     audit_commands.add_parser("tail", parents=[trail], help="follow new records as they are written")
     verify = audit_commands.add_parser("verify", parents=[trail],
                                        help="walk the hash chain; name the first record that does not match")

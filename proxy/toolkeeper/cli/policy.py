@@ -65,22 +65,23 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     policy.set_defaults(run=run)
     policy_commands = policy.add_subparsers(dest="policy_command", required=True)
     test = policy_commands.add_parser("test", help="run a scenario file: each call and the decision it expects")
-    test.add_argument("scenarios")
+    test.add_argument("scenarios", help="the scenarios file (YAML): calls in, the expected decisions out")
     test.add_argument("--opa-url", help="run the scenarios against this OPA server too")
-    test.add_argument("--opa-path", default=DEFAULT_PATH)
+    test.add_argument("--opa-path", default=DEFAULT_PATH, help=f"the rule OPA evaluates (default {DEFAULT_PATH})")
     explain = policy_commands.add_parser("explain", help="show one call's policy input and the rule that decides")
-    explain.add_argument("agent_file")
-    explain.add_argument("tool")
+    explain.add_argument("agent_file", help="the agent file (YAML) declaring the tool")
+    explain.add_argument("tool", help="the tool's name (with --source agent, one of the agent's own)")
     explain.add_argument("arguments", nargs="*", help="key=value, as the model would send them")
     explain.add_argument("--policy", help="the rules file (default: the shipped default; `none`: no rules)")
-    explain.add_argument("--yolo", action=argparse.BooleanOptionalAction, default=None)
+    explain.add_argument("--yolo", action=argparse.BooleanOptionalAction, default=None,
+                         help="decide as with yolo on (or off); default: the agent file's")
     explain.add_argument("--at", type=datetime.fromisoformat, help="the time of the call (ISO 8601)")
-    explain.add_argument("--agent-id", default="")
-    explain.add_argument("--agent-header")
+    explain.add_argument("--agent-id", default="", help="the agent's name or hash, as policies read it")
+    explain.add_argument("--agent-header", help="the identity header's value, as policies read agent.header")
     explain.add_argument("--source", choices=["declared", "agent"], default="declared",
                          help="agent: TOOL is one of the agent's own (Bash, exec_command), not in the agent file")
     explain.add_argument("--opa-url", help="ask this OPA server (instead of the YAML rules)")
-    explain.add_argument("--opa-path", default=DEFAULT_PATH)
+    explain.add_argument("--opa-path", default=DEFAULT_PATH, help=f"the rule OPA evaluates (default {DEFAULT_PATH})")
 
 
 def run(args: argparse.Namespace) -> int:

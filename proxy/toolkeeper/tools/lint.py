@@ -1,8 +1,9 @@
 """`toolkeeper check`: an agent file read as the model will read it (seed 002: a tool is a contract written for
 the model). Each finding has a code, the tool and the key, a one-line why and the fix.
 
-Errors are what will go wrong (two tools the model cannot tell apart, a default the schema forbids, code from
-the model run by an interpreter); `serve` refuses them at start. Warnings are what makes a small model fail
+Errors are what will go wrong (a name that says nothing, two tools the model cannot tell apart, code from the
+model run by an interpreter); `serve` refuses them at start, as it refuses a file that does not load (a default
+outside its enum, a shell line with placeholders: `check` reports those as E000). Warnings are what makes a small model fail
 more often (seed 001); `serve` logs them once. docs/how-to/write-a-good-tool.md shows each code before/after.
 """
 
@@ -59,7 +60,7 @@ class Finding:
     def line(self) -> str:
         where = " ".join(part for part in (f"tool {self.tool!r}" if self.tool else "",
                                             f"key {self.key!r}" if self.key else "") if part)
-        return f"{self.severity} {self.code} {where}: {self.why}. Fix: {self.fix}"
+        return f"{self.severity} {self.code}{' ' + where if where else ''}: {self.why}. Fix: {self.fix}"
 
     def as_dict(self) -> dict[str, str | None]:
         return asdict(self)
@@ -131,9 +132,6 @@ def check_parameters(tool: DeclaredTool) -> list[Finding]:
             found.append(Finding("P003", "warning", tool.name, at, "the enum's values are not explained: the model "
                                  "picks among names it does not understand", "say in the description what each "
                                  "value means"))
-        if parameter.has_default and parameter.enum and parameter.default not in parameter.enum:
-            found.append(Finding("P005", "error", tool.name, at, f"the default {parameter.default!r} is not one of "
-                                 f"the enum's values {list(parameter.enum)}", "make the default one of the values"))
         if parameter.type == "object":
             found.append(Finding("P004", "warning", tool.name, at, "a nested object: flat parameters succeed more "
                                  "often on small models", "spread its fields into parameters of their own"))

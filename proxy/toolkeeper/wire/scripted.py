@@ -18,7 +18,8 @@ A step of the script:
 Any step may carry `"when": "text"`: it then answers only a request whose last
 user message contains that text (for concurrent conversations), and
 `"answering": true` (or false): only a request that ends (or does not end)
-with tool results, so a repeated step answers retried requests alike.
+with tool results, so a repeated step answers retried requests alike; and
+`"offered": "name"`: only a request that offers a tool of that name.
 
 In `content`, `{tool_result}` is replaced by the last tool message the request
 carried, so a scripted answer can quote what a tool printed.
@@ -81,8 +82,12 @@ class ScriptedModel:
                       if isinstance(m, dict) and m.get("role") == "user" and not _only_results(m)), "")
         last = conversation[-1] if conversation and isinstance(conversation[-1], dict) else {}
         answering = last.get("role") == "tool" or last.get("type") == "function_call_output" or _only_results(last)
+        offered = {(tool.get("function") or tool).get("name") for tool in body.get("tools") or []
+                   if isinstance(tool, dict)}
         for position, step in enumerate(self.steps):
             if step.get("answering", answering) != answering:
+                continue
+            if step.get("offered") is not None and step["offered"] not in offered:
                 continue
             if step.get("when") is None or step["when"] in asked:
                 return step if step.get("repeat") else self.steps.pop(position)
