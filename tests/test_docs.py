@@ -1,0 +1,64 @@
+"""The pages' offline paths, run as written: the tutorial, the approvals and the audit how-tos.
+
+A page marks what runs: ```LANG file=PATH offline``` writes the block to PATH (a `#!` one is made executable),
+```sh offline``` blocks run in order, as one bash script, in a fresh folder, with the venv's commands on PATH,
+and every line of a ```text output``` block must appear in what they print. Whatever they start in the
+background is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+PAGES = ["docs/tutorial/first-declared-tool.md", "docs/how-to/approve-calls.md", "docs/how-to/audit.md"]
+BLOCK = re.compile(r"^```(\S+)([^\n]*)\n(.*?)^```$", re.M | re.S)
+
+
+def blocks(page: Path) -> tuple[dict[str, str], list[str], list[str]]:
+    files, scripts, outputs = {}, [], []
+    for language, info, body in BLOCK.findall(page.read_text()):
+        words = info.split()
+        named = [word[5:] for word in words if word.startswith("file=")]
+        if "offline" in words and named:
+            files[named[0]] = body
+        elif "offline" in words and language == "sh":
+            scripts.append(body)
+        elif language == "text" and "output" in words:
+            outputs += [line.strip() for line in body.splitlines() if line.strip()]
+    return files, scripts, outputs
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_the_pages_offline_commands_run_as_written(page, tmp_path):
+    files, scripts, outputs = blocks(ROOT / page)
+    assert scripts and outputs, f"{page} has no offline path"
+    for name, body in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body)
+        if body.startswith("#!"):
+            path.chmod(0o755)
+    script = "set -euo pipefail\n" + "\n".join(scripts)
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    environment.pop("TOOLKEEPER_ADMIN_TOKEN", None)
+    # to files, not pipes: the servers started in the background keep their copies open
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        process = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=environment, stdout=out, stderr=err,
+                                   start_new_session=True)
+        try:
+            process.wait(120)
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)  # the servers the page started in the background
+            process.wait()
+    printed, said = (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
+    assert process.returncode == 0, f"{printed}\n{said}"
+    for line in outputs:
+        assert line in printed, f"{page}: {line!r} not printed:\n{printed}\n{said}"
