@@ -3,8 +3,9 @@ the model). Each finding has a code, the tool and the key, a one-line why and th
 
 Errors are what will go wrong (a name that says nothing, two tools the model cannot tell apart, code from the
 model run by an interpreter); `serve` refuses them at start, as it refuses a file that does not load (a default
-outside its enum, a shell line with placeholders: `check` reports those as E000). Warnings are what makes a small model fail
-more often (seed 001); `serve` logs them once. docs/how-to/write-a-good-tool.md shows each code before/after.
+outside its enum, a shell line with placeholders: `check` reports those as E000). Warnings are what makes a
+small model fail more often (seed 001); `serve` logs them once. docs/how-to/write-a-good-tool.md shows each
+code before and after.
 """
 
 from __future__ import annotations
