@@ -121,18 +121,21 @@ def test_check_finds_every_code_once_at_least_with_the_tool_the_key_the_why_and_
     assert f"{agent}: error N001 tool 'do_stuff' key 'name': " in text and text.rstrip().endswith("warnings")
 
 
+WARNED = """
+    upstream: http://127.0.0.1:9/v1
+    tools:
+      - name: count_words
+        description: Count the words of a text.
+        parameters:
+          text: {type: string, description: "The text."}
+        command: [/usr/bin/wc, "-w", "{{text}}"]
+"""  # one warning (D002): no error
+
+
 def test_check_is_silent_on_the_example_and_strict_fails_on_warnings(tmp_path):
     done = toolkeeper("check", str(EXAMPLE / "agent.yaml"), "--policy", str(ROOT / "policies" / "default.yaml"))
     assert done.returncode == 0 and "0 errors, 0 warnings" in done.stdout, done.stdout
-    write_agent(tmp_path, """
-        upstream: http://127.0.0.1:9/v1
-        tools:
-          - name: count_words
-            description: Count the words of a text.
-            parameters:
-              text: {type: string, description: "The text."}
-            command: [/usr/bin/wc, "-w", "{{text}}"]
-    """)
+    write_agent(tmp_path, WARNED)
     assert toolkeeper("check", str(tmp_path / "agent.yaml")).returncode == 0  # warnings only
     assert toolkeeper("check", str(tmp_path / "agent.yaml"), "--strict").returncode == 1
 
@@ -155,15 +158,7 @@ def test_serve_refuses_the_errors_and_logs_the_warnings_once(scripted, tmp_path)
     agent = bad_agent(tmp_path)
     done = toolkeeper("serve", str(agent), "--port", "0", "--upstream", scripted.base_url)
     assert done.returncode == 2 and "error N001 tool 'do_stuff'" in done.stderr and "toolkeeper check" in done.stderr
-    write_agent(tmp_path, """
-        upstream: http://127.0.0.1:9/v1
-        tools:
-          - name: count_words
-            description: Count the words of a text.
-            parameters:
-              text: {type: string, description: "The text."}
-            command: [/usr/bin/wc, "-w", "{{text}}"]
-    """)
+    write_agent(tmp_path, WARNED)
     process = start_toolkeeper(tmp_path / "agent.yaml", scripted.base_url)
     said = process.stop()
     assert said.count("warning D002 tool 'count_words'") == 1

@@ -4,7 +4,6 @@ reads), `toolkeeper model` (the scripted model, for a first run with no model at
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -87,31 +86,14 @@ def findings_for(agent_file: str, policy: str | None) -> list:
 
 
 def model_command(args: argparse.Namespace) -> int:
-    from toolkeeper.wire import ScriptedModel, serve_scripted
+    from toolkeeper.wire import run_scripted
 
     try:
         steps = read_script(Path(args.script))
     except (OSError, ValueError) as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
-
-    async def run() -> None:
-        runner, port = await serve_scripted(ScriptedModel(steps), args.host, args.port)
-        print(f"scripted model listening on http://{args.host}:{port}/v1 ({len(steps)} steps from {args.script})",
-              flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-
-    try:
-        asyncio.run(run())
-    except KeyboardInterrupt:
-        pass
-    except OSError as exc:
-        print(f"toolkeeper: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_scripted(steps, args.host, args.port, f" ({len(steps)} steps from {args.script})")
 
 
 def read_script(path: Path) -> list[dict]:

@@ -10,7 +10,7 @@ from toolkeeper.wire.auditpage import AuditPage
 from toolkeeper.wire.chat import ChatCompletions
 from toolkeeper.wire.messages_items import anthropic_tool
 from toolkeeper.wire.responses_items import flat_tool
-from toolkeeper.wire.scripted import ScriptedModel, serve_scripted
+from toolkeeper.wire.scripted import ScriptedModel, run_scripted, serve_scripted
 from toolkeeper.wire.server import Check, proxy_app
 from toolkeeper.wire.upstream import Upstream, UpstreamError
 
@@ -27,5 +27,6 @@ __all__ = [
     "approvals_api",
     "flat_tool",
     "proxy_app",
+    "run_scripted",
     "serve_scripted",
 ]

@@ -1,10 +1,9 @@
 """A scripted model server: the one stand-in allowed, since no model runs here.
 
-It speaks the Chat Completions wire protocol as OpenAI does, SSE included
-(and the Responses API, strict as OpenAI's: scripted_responses.py),
-replays scripted responses in order, records every request it receives, and
-reproduces the quirks of real servers on demand. `toolkeeper demo` and the
-tests use it; it runs in-process or as `python -m toolkeeper.wire.scripted`.
+It speaks Chat Completions as OpenAI does, SSE included (the Responses and
+Messages APIs: scripted_responses.py, scripted_messages.py), replays scripted
+responses in order, records every request, and reproduces real servers'
+quirks on demand. `toolkeeper model`, the demo and the tests run it.
 
 A step of the script:
 
@@ -369,15 +368,19 @@ async def serve_scripted(model: ScriptedModel, host: str = "127.0.0.1", port: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m toolkeeper.wire.scripted", description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    parser.add_argument("--port", type=int, default=0, help="the port (0: a free one)")
     parser.add_argument("--script", help="a JSON file with a list of steps")
     args = parser.parse_args()
-    steps = orjson.loads(Path(args.script).read_bytes()) if args.script else []
+    sys.exit(run_scripted(orjson.loads(Path(args.script).read_bytes()) if args.script else [], args.host, args.port))
+
+
+def run_scripted(steps: list[dict[str, Any]], host: str, port: int, origin: str = "") -> int:
+    """Serve the script until interrupted: 0, or 1 when the port cannot be had."""
 
     async def run() -> None:
-        runner, port = await serve_scripted(ScriptedModel(steps), args.host, args.port)
-        print(f"scripted model listening on http://{args.host}:{port}/v1", flush=True)
+        runner, bound = await serve_scripted(ScriptedModel(steps), host, port)
+        print(f"scripted model listening on http://{host}:{bound}/v1{origin}", flush=True)
         try:
             await asyncio.Event().wait()
         finally:
@@ -385,8 +388,12 @@ def main() -> None:
 
     try:
         asyncio.run(run())
+    except OSError as exc:
+        print(f"toolkeeper: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        sys.exit(0)
+        pass
+    return 0
 
 
 if __name__ == "__main__":
