@@ -36,7 +36,7 @@ from toolkeeper.runners import runners_for
 from toolkeeper.settings import TOKEN_VARIABLE, Settings
 from toolkeeper.store import Store, open_store
 from toolkeeper.tools import Agent, AgentFileError, lint_agent, load_agent_file, load_agent_keys
-from toolkeeper.wire import AdminGuard, AuditPage, Check, admin_app, approvals_api, proxy_app
+from toolkeeper.wire import AdminGuard, AuditPage, Check, OtlpExporter, admin_app, approvals_api, proxy_app
 
 log = logging.getLogger("toolkeeper")
 
@@ -83,9 +83,13 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     policy = Policy(agent.config.yolo, rules_in_force(settings, agent), opa)
     consent = consent or consent_channel(settings, stores.store)
     metrics = Metrics()
+    exporter = OtlpExporter(settings.otlp_endpoint) if settings.otlp_endpoint else None
+    observers = [*observers, *([exporter] if exporter else [])]
     calls = CallHandler(runners=runners_for({tool.spec.runner for tool in agent.tools.values()}), consent=consent,
                         policy=policy, store=stores.store, observers=[metrics.record, *observers],
-                        audit=stores.audit, forwarded_ttl=settings.history_ttl)
+                        audit=stores.audit, forwarded_ttl=settings.history_ttl, metrics=metrics)
+    metrics.counted_elsewhere("toolkeeper_approvals_waiting", "Calls waiting for a person's answer now.",
+                              lambda: {(): float(calls.waiting)}, kind="gauge")
     history = History(stores.store, settings.history_ttl)
     engine = Engine(agent, calls, history=history, metrics=metrics)
     metrics.counted_elsewhere(
@@ -106,6 +110,8 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
         await stores.close()
 
     app.on_cleanup.append(close)
+    if exporter is not None:
+        app.cleanup_ctx.append(exporter.run)
     app[RELOAD] = Reloader(engine, calls, settings)
     return app
 

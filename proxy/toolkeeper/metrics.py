@@ -8,6 +8,12 @@
     toolkeeper_decisions_total{source,effect}           policy decisions, by who decided
     toolkeeper_tool_seconds{tool} (histogram)           a declared tool's run
     toolkeeper_history_restorations_total{outcome}      hidden exchanges put back (hit) or missed
+    toolkeeper_approvals_waiting (gauge)                calls waiting for a person's answer now
+    toolkeeper_approval_wait_seconds (histogram)        how long a call waited for its answer
+    toolkeeper_audit_write_failures_total               audit events that could not be written
+    toolkeeper_upstream_errors_total{api,status}        turns ended by the model server's failure
+
+Each process counts its own: with --workers or replicas, scrape each.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class Metrics:
         self._histograms: dict[str, dict[tuple[tuple[str, str], ...], list[float]]] = {}
         self._help: dict[str, str] = {}
         self._gauges: dict[str, Callable[[], dict[tuple[tuple[str, str], ...], float]]] = {}
+        self._kinds: dict[str, str] = {}  # what a value read elsewhere is: counter or gauge
 
     def count(self, name: str, help_text: str, amount: float = 1, **labels: str) -> None:
         with self._lock:
@@ -53,10 +60,11 @@ class Metrics:
             series[-1] += seconds
 
     def counted_elsewhere(self, name: str, help_text: str,
-                          read: Callable[[], dict[tuple[tuple[str, str], ...], float]]) -> None:
-        """A counter kept by another component, read when scraped."""
+                          read: Callable[[], dict[tuple[tuple[str, str], ...], float]], kind: str = "counter") -> None:
+        """A counter (or a gauge) kept by another component, read when scraped."""
         self._help[name] = help_text
         self._gauges[name] = read
+        self._kinds[name] = kind
 
     def record(self, record: ExecutionRecord) -> None:
         """An observer of execution records."""
@@ -76,7 +84,7 @@ class Metrics:
                 lines += [f"# HELP {name} {self._help[name]}", f"# TYPE {name} counter"]
                 lines += [f"{name}{_labels(labels)} {value:g}" for labels, value in sorted(series.items())]
             for name, read in sorted(self._gauges.items()):
-                lines += [f"# HELP {name} {self._help[name]}", f"# TYPE {name} counter"]
+                lines += [f"# HELP {name} {self._help[name]}", f"# TYPE {name} {self._kinds[name]}"]
                 lines += [f"{name}{_labels(labels)} {value:g}" for labels, value in sorted(read().items())]
             for name, histogram in sorted(self._histograms.items()):
                 lines += [f"# HELP {name} {self._help[name]}", f"# TYPE {name} histogram"]

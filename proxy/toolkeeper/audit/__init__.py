@@ -6,12 +6,14 @@ It imports nothing of the other layers: the engine hands it an
 
 from toolkeeper.audit.databases import open_audit, without_password
 from toolkeeper.audit.events import AuditError, DamagedTrail
+from toolkeeper.audit.formats import FORMATS, opa_event, otlp_request
 from toolkeeper.audit.record import STATUSES, AuditEntry, CallStatus, ExecutionRecord, Observer
 from toolkeeper.audit.redaction import DEFAULT_PATTERNS, REDACTED, Redactor
 from toolkeeper.audit.trail import SQLAudit
 
 __all__ = [
     "DEFAULT_PATTERNS",
+    "FORMATS",
     "REDACTED",
     "STATUSES",
     "AuditEntry",
@@ -22,6 +24,8 @@ __all__ = [
     "Observer",
     "Redactor",
     "SQLAudit",
+    "opa_event",
     "open_audit",
+    "otlp_request",
     "without_password",
 ]

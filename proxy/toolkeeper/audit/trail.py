@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import csv
-import io
 import socket
 import threading
 import time
@@ -54,6 +52,7 @@ from toolkeeper.audit.events import (
     event_body,
     hashed_columns,
 )
+from toolkeeper.audit.formats import BODY_FILTERS, matches, render
 from toolkeeper.audit.record import AuditEntry, ExecutionRecord
 from toolkeeper.audit.redaction import Redactor
 from toolkeeper.common import canonical_json, sha256_hex
@@ -263,18 +262,19 @@ class SQLAudit:
             if filters.get(column) is not None:
                 where.append(f"{column} = ?")
                 params.append(filters[column])
-        if filters.get("since") is not None:
-            where.append("time >= ?")
-            params.append(filters["since"])
+        for bound, test in (("since", "time >= ?"), ("until", "time < ?")):
+            if filters.get(bound) is not None:
+                where.append(test)
+                params.append(filters[bound])
         return " AND ".join(where), params
 
-    def records(self, *, limit: int | None = None, source: str | None = None, **filters: Any) -> list[AuditEntry]:
-        """One entry per call, its events merged, oldest first; `limit`: only the newest that many; `source`:
-        declared calls, or the agent's own."""
-        if not source:
+    def records(self, *, limit: int | None = None, **filters: Any) -> list[AuditEntry]:
+        """One entry per call, its events merged, oldest first; `limit`: only the newest that many. Columns
+        (tool, status, agent, since, until) are filtered in SQL; body fields (source, approver, rule, header)
+        here, then the newest `limit` kept."""
+        if not any(filters.get(name) is not None for name in BODY_FILTERS):
             return self._records(limit, filters)
-        # the source is in the body, not a column: filtered here, then the newest `limit` kept
-        entries = [entry for entry in self._records(None, filters) if entry.source == source]
+        entries = [entry for entry in self._records(None, filters) if matches(entry, filters)]
         return entries[-limit:] if limit else entries
 
     def _records(self, limit: int | None, filters: dict[str, Any]) -> list[AuditEntry]:
@@ -337,19 +337,19 @@ class SQLAudit:
         return True, f"{count} events, chain intact, head {prev[:16]}"
 
     def export(self, fmt: str, **filters: Any) -> str:
-        rows = [entry.model_dump() for entry in self.records(**filters)]
-        if fmt == "jsonl":
-            return "".join(canonical_json(row).decode() + "\n" for row in rows)
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=list(AuditEntry.model_fields))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: (canonical_json(v).decode() if isinstance(v, (dict, list)) else v)
-                             for k, v in row.items()})
-        return out.getvalue()
+        """jsonl, csv, opa (decision log events) or otel (OTLP/JSON spans): see formats.py."""
+        return render(self.records(**filters), fmt)
 
-    def follow(self, poll: float = 0.5) -> Iterator[dict[str, Any]]:
-        last = 0
+    def record_by_prefix(self, prefix: str) -> AuditEntry | None:
+        """The record whose id starts with `prefix`; DamagedTrail-free: raises LookupError when it is ambiguous."""
+        found = self._query("SELECT DISTINCT record_id FROM audit_events WHERE record_id LIKE ? LIMIT 2",
+                            (prefix.replace("%", "").replace("_", "") + "%",))
+        if len(found) > 1:
+            raise LookupError(f"{prefix} names more than one record: give more of its id")
+        return self.record(found[0][0]) if found else None
+
+    def follow(self, poll: float = 0.5, after_seq: int = 0) -> Iterator[dict[str, Any]]:
+        last = after_seq
         while True:
             for event in self.events(after_seq=last):
                 last = event["seq"]

@@ -11,19 +11,24 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from toolkeeper.audit import STATUSES, AuditEntry, AuditError, DamagedTrail, SQLAudit, open_audit
+from toolkeeper.audit import FORMATS, STATUSES, AuditEntry, AuditError, DamagedTrail, SQLAudit, open_audit
 from toolkeeper.common import printable
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def since(text: str | None) -> float | None:
+def since(text: str | None, flag: str = "--since") -> float | None:
+    """`7d` (that long ago) or an ISO time (`2026-11-30T09:00`, local unless it says its zone): seconds."""
     if not text:
         return None
     match = re.fullmatch(r"(\d+)([smhdw])", text.strip())
-    if not match:
-        raise SystemExit(f"toolkeeper: --since is a number and a unit, like 7d, 12h or 30m; got {text!r}")
-    return time.time() - int(match.group(1)) * UNITS[match.group(2)]
+    if match:
+        return time.time() - int(match.group(1)) * UNITS[match.group(2)]
+    try:
+        return datetime.fromisoformat(text.strip()).astimezone().timestamp()
+    except ValueError:
+        raise SystemExit(f"toolkeeper: {flag} is a number and a unit, like 7d, 12h or 30m, or an ISO time like "
+                         f"2026-11-30T09:00; got {text!r}") from None
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -38,16 +43,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     listing = audit_commands.add_parser("list", parents=[trail], help="recent executions, one line each")
     export = audit_commands.add_parser("export", parents=[trail], help="every record, as JSON lines or CSV")
     for sub in (listing, export):
-        sub.add_argument("--since", help="like 7d, 12h, 30m")
+        sub.add_argument("--since", help="from this long ago, like 7d, 12h, 30m, or an ISO time (2026-11-30T09:00)")
+        sub.add_argument("--until", help="until this long ago, or this ISO time (with --since: a time range)")
+        sub.add_argument("--approver", help="only calls answered by this approver")
+        sub.add_argument("--rule", help="only calls a security rule of this id decided")
+        sub.add_argument("--header", help="only calls whose identity header (serve --identity-header) says this")
         sub.add_argument("--tool", help="only calls of this tool")
         sub.add_argument("--status", choices=STATUSES, help="only calls in this state")
         sub.add_argument("--agent", help="only calls of this agent (its name, or the hash the records show)")
         sub.add_argument("--source", choices=["declared", "agent"],
                          help="declared calls (toolkeeper ran them), or the agent's own (passed on or refused)")
-    export.add_argument("--format", choices=["jsonl", "csv"], default="jsonl", help="jsonl (default) or csv")
+    export.add_argument("--format", choices=FORMATS, default="jsonl",
+                        help="jsonl (default), csv (times in ISO 8601 with their zone), opa (OPA decision log "
+                        "events), or otel (OpenTelemetry spans, OTLP/JSON)")
     audit_commands.add_parser("show", parents=[trail], help="one execution in full").add_argument(
-        "id", help="the record's id, as `audit list` shows it")
-    audit_commands.add_parser("tail", parents=[trail], help="follow new records as they are written")
+        "id", help="the record's id, as `audit list` shows it, or a unique start of it")
+    following = audit_commands.add_parser("tail", parents=[trail], help="the last records, then follow new ones")
+    following.add_argument("-n", type=int, default=10, metavar="N", help="how many of the last records first "
+                           "(default 10; 0: only new ones)")
     verify = audit_commands.add_parser("verify", parents=[trail],
                                        help="walk the hash chain; name the first record that does not match")
     verify.add_argument("--expect-head", metavar="HASH",
@@ -91,7 +104,11 @@ def verify(audit: SQLAudit, args: argparse.Namespace) -> int:
 
 
 def show(audit: SQLAudit, args: argparse.Namespace) -> int:
-    record = audit.record(args.id)
+    try:
+        record = audit.record(args.id) or audit.record_by_prefix(args.id)
+    except LookupError as exc:
+        print(f"toolkeeper: {printable(str(exc))}", file=sys.stderr)
+        return 1
     if record is None:
         print(f"toolkeeper: no record {printable(args.id)}", file=sys.stderr)
         return 1
@@ -101,8 +118,12 @@ def show(audit: SQLAudit, args: argparse.Namespace) -> int:
 
 
 def tail(audit: SQLAudit, args: argparse.Namespace) -> int:
+    """The last N calls, one line each, then every event as it is written."""
     try:
-        for event in audit.follow():
+        for record in audit.records(limit=args.n) if args.n > 0 else []:
+            print(f"{record.kind:<9} {line(record)}", flush=True)
+        head = max((r.seq for r in audit.records(limit=1)), default=0)  # then what comes after the newest
+        for event in audit.follow(after_seq=head):
             record = audit.record(event["record_id"]) or AuditEntry.model_validate(event)
             print(f"{event['kind']:<9} {line(record)}", flush=True)
     except KeyboardInterrupt:
@@ -111,8 +132,9 @@ def tail(audit: SQLAudit, args: argparse.Namespace) -> int:
 
 
 def _filters(args: argparse.Namespace) -> dict:
-    return {"since": since(args.since), "tool": args.tool, "status": args.status, "agent": args.agent,
-            "source": args.source}
+    return {"since": since(args.since), "until": since(args.until, "--until"), "tool": args.tool,
+            "status": args.status, "agent": args.agent, "source": args.source, "approver": args.approver,
+            "rule": args.rule, "header": args.header}
 
 
 def export(audit: SQLAudit, args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from toolkeeper.audit import AuditError, ExecutionRecord, Observer, Redactor, SQ
 from toolkeeper.common import canonical_json, digest, printable, sha256_hex
 from toolkeeper.engine.memo import Attempt, RetryMemo
 from toolkeeper.engine.types import ToolCall, TurnContext
+from toolkeeper.metrics import Metrics
 from toolkeeper.policy import Consent, ConsentRequest, Decision, Policy, arguments_hash, policy_input
 from toolkeeper.runners import Runner
 from toolkeeper.store import Store, StoreError
@@ -84,7 +85,7 @@ Step = Callable[[_Call], Awaitable[Outcome | None]]
 class CallHandler:
     def __init__(self, *, runners: Mapping[str, Runner], consent: Consent, policy: Policy,
                  store: Store | None = None, observers: Iterable[Observer] = (), retry_window: float = RETRY_WINDOW,
-                 audit: SQLAudit | None = None, forwarded_ttl: float = 24 * 3600):
+                 audit: SQLAudit | None = None, forwarded_ttl: float = 24 * 3600, metrics: Metrics | None = None):
         self.runners = runners  # by the tool's runner: "argv", "wasm"
         self.consent = consent
         self.policy = policy
@@ -93,6 +94,8 @@ class CallHandler:
         self.memo = RetryMemo(store, retry_window) if store is not None else None
         self.forwarded_ttl = forwarded_ttl  # how long a forwarded call waits for its result to be recorded
         self.audit = audit
+        self.metrics = metrics or Metrics()
+        self.waiting = 0  # calls waiting for a person's answer now
         self.redactor = audit.redactor if audit is not None else Redactor()
         self._swept = time.monotonic()  # when forwarded calls were last looked at for `unanswered`
         # The steps in order; each answers, or returns None to go on. The run comes last.
@@ -127,6 +130,7 @@ class CallHandler:
             try:
                 await self.audit.write("completed" if outcome.ran else "refused", record)
             except AuditError as exc:
+                self._audit_failed()
                 log.error("the audit trail lost the outcome of %s (record %s): %s", record.tool, record.record_id,
                           exc)
         why = f": {outcome.detail}" if outcome.detail else ""
@@ -221,6 +225,7 @@ class CallHandler:
         try:
             await self.audit.write("decided", state.record)
         except AuditError as exc:
+            self._audit_failed()
             log.error("%s not run: %s", state.name, exc)
             state.record.status = "failed"
             return Outcome(f"Not run: {state.name} could not be recorded in the audit trail, and nothing runs "
@@ -288,6 +293,7 @@ class CallHandler:
             try:
                 await self.audit.write("forwarded", record)
             except AuditError as exc:
+                self._audit_failed()
                 log.error("the audit trail could not record the agent's call of %s: %s", record.tool, exc)
                 return False
         if self.store is not None:
@@ -332,9 +338,14 @@ class CallHandler:
         try:
             await self.audit.write("completed", record)  # type: ignore[union-attr]
         except AuditError as exc:
+            self._audit_failed()
             log.error("the audit trail lost the result of %s: %s", record.tool, exc)
 
     # -- helpers ----------------------------------------------------------------------
+
+    def _audit_failed(self) -> None:
+        self.metrics.count("toolkeeper_audit_write_failures_total", "Audit events that could not be written (the "
+                           "call was then refused, or its outcome lost).")
 
     def _closed_early(self, record: ExecutionRecord, exc: BaseException) -> None:
         """A run that ended without a result (its agent left, or a bug) still gets its closing event."""
@@ -352,7 +363,13 @@ class CallHandler:
         request = ConsentRequest(state.record.tool, arguments, argv, turn.agent, args_hash=arguments_hash(state.values),
                                  reason=asking.reason, rule=asking.rule_id, source=asking.source,
                                  agent_header=turn.agent_header)
-        answer = await self.consent.ask(request)
+        self.waiting += 1
+        try:
+            answer = await self.consent.ask(request)
+        finally:
+            self.waiting -= 1
+            self.metrics.observe("toolkeeper_approval_wait_seconds", "How long a call waited for a person's answer "
+                                 "(from the ask to the answer).", time.monotonic() - started)
         log.info("consent for %s: %s by %s in %.1f s", state.record.tool, "yes" if answer.allowed else "no",
                  printable(answer.approver), time.monotonic() - started)
         state.record.consent = "always" if answer.always else "approved" if answer.allowed else "denied"

@@ -9,6 +9,7 @@ from toolkeeper.wire.admin import AdminGuard, admin_app, approvals_api
 from toolkeeper.wire.auditpage import AuditPage
 from toolkeeper.wire.chat import ChatCompletions
 from toolkeeper.wire.messages_items import anthropic_tool
+from toolkeeper.wire.otlp import OtlpExporter
 from toolkeeper.wire.responses_items import flat_tool
 from toolkeeper.wire.scripted import ScriptedModel, run_scripted, serve_scripted
 from toolkeeper.wire.server import Check, proxy_app
@@ -19,6 +20,7 @@ __all__ = [
     "AuditPage",
     "ChatCompletions",
     "Check",
+    "OtlpExporter",
     "ScriptedModel",
     "Upstream",
     "UpstreamError",

@@ -12,6 +12,7 @@ import hashlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any
 
 import orjson
@@ -26,6 +27,9 @@ from toolkeeper.wire.upstream import Upstream, UpstreamError, error_body
 log = logging.getLogger("toolkeeper")
 
 KEEPALIVE = b": keep-alive\n\n"
+# The model server's failure that ended this request's turn (its status, or ours: 502 unreachable, 504 timeout),
+# for the metrics; one per request, as each request is its own task.
+UPSTREAM_FAILURE: ContextVar[int | None] = ContextVar("upstream_failure", default=None)
 
 
 def bad_request(message: str, code: str = "invalid_request", status: int = 400) -> web.Response:
@@ -65,6 +69,11 @@ class AgentAPI:
             self.metrics.count("toolkeeper_requests_total", "Agent requests answered, by API, streaming and status.",
                                api=self.api, stream=str(response.content_type == "text/event-stream").lower(),
                                code=str(response.status))
+            failure = UPSTREAM_FAILURE.get()
+            if failure is not None:
+                self.metrics.count("toolkeeper_upstream_errors_total", "Turns ended by the model server's failure, "
+                                   "by status (502: unreachable or malformed, 504: no answer in time).",
+                                   api=self.api, status=str(failure))
         return response
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -114,6 +123,7 @@ async def whole_turn(events: AsyncIterator[Event], error: Callable[[UpstreamErro
             if isinstance(event, TurnResult):
                 result = event
     except UpstreamError as exc:
+        UPSTREAM_FAILURE.set(exc.status)
         return error(exc)
     except StoreError as exc:
         return error(store_unavailable(exc))
@@ -159,6 +169,7 @@ class TurnWriter:
                 elif isinstance(event, TurnResult):
                     await self.finish(event)
         except UpstreamError as exc:
+            UPSTREAM_FAILURE.set(exc.status)
             return await self.fail(exc)
         except StoreError as exc:
             return await self.fail(store_unavailable(exc))
