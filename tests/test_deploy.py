@@ -112,3 +112,20 @@ def test_the_dockerfile_builds_a_wheel_from_what_it_copies_and_runs_as_a_user(tm
     assert "toolkeeper/_policies/default.yaml" in names and "toolkeeper/_example/agent.yaml" in names
     user = re.findall(r"^USER (\S+)", dockerfile, flags=re.M)
     assert user and user[-1] not in ("root", "0")
+
+
+def test_the_grafana_dashboard_reads_only_metrics_toolkeeper_exports():
+    import json
+
+    from toolkeeper import metrics
+
+    dashboard = json.loads((DEPLOY / "grafana" / "toolkeeper.json").read_text())
+    exported = set(re.findall(r"^\s+(toolkeeper_\w+)", metrics.__doc__, flags=re.M))
+    read = set()
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            read |= {re.sub(r"_(bucket|sum|count)$", "", name) for name in re.findall(r"toolkeeper_\w+", target["expr"])}
+    assert read <= exported, read - exported
+    assert {"toolkeeper_approvals_waiting", "toolkeeper_approval_wait_seconds", "toolkeeper_audit_write_failures_total",
+            "toolkeeper_upstream_errors_total"} <= read
