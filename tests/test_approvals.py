@@ -198,7 +198,7 @@ def test_the_admin_api_needs_the_token(tka):
     for token in (None, "wrong"):
         run = cli(tka, "approvals", token=token)
         assert run.returncode != 0
-        assert "401" in run.stderr and "admin token is required" in run.stderr
+        assert "401" in run.stderr and "a valid token is required" in run.stderr
 
 
 def test_no_answer_before_the_timeout_is_a_deny(scripted, tmp_path):
@@ -406,3 +406,30 @@ def test_an_approval_wait_over_the_messages_api_sends_pings(scripted, tka):
     text = chunks[0].decode()
     assert 'event: ping\ndata: {"type": "ping"}' in text and text.rstrip().endswith('{"type":"message_stop"}')
     assert tka.calls() == [["release", "8.0.0"]]
+
+
+def tokens(directory, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "toolkeeper", "tokens", *args, "--store",
+                           str(directory / "store.sqlite3")], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def test_named_tokens_answer_as_themselves_and_each_role_reaches_only_its_part(scripted, tka, approvals_dir):
+    added = tokens(approvals_dir, "add", "ada", "--role", "approver")
+    assert added.returncode == 0, added.stderr
+    ada = added.stdout.split(": ", 1)[1].strip()
+    audit_token = tokens(approvals_dir, "add", "eve", "--role", "auditor").stdout.split(": ", 1)[1].strip()
+    assert tokens(approvals_dir, "add", "ada", "--role", "admin").returncode == 2  # in force: revoke first
+    assert "ada  approver" in tokens(approvals_dir, "list").stdout
+
+    asking = Asking(tka, scripted, "release", {"version": "8.8.8"}, word="named")
+    (approval,) = waiting(tka)
+    as_eve = cli(tka, "approve", approval, token=audit_token)
+    assert as_eve.returncode != 0 and "403" in as_eve.stderr and "admin or approver role" in as_eve.stderr
+    assert cli(tka, "approvals", token=audit_token).returncode != 0  # an auditor reads the trail only
+    done = cli(tka, "approve", approval, "--as", "mallory", token=ada)
+    assert done.returncode == 0 and f"{approval}: approved by ada" in done.stdout  # not the name it claims
+    assert "ran" in asking.result()
+
+    assert tokens(approvals_dir, "revoke", "ada").returncode == 0
+    refused = cli(tka, "approvals", token=ada)
+    assert refused.returncode != 0 and "401" in refused.stderr

@@ -98,7 +98,7 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
         "expired or edited history (miss).",
         lambda: {(("outcome", outcome),): float(history.counts[outcome]) for outcome in ("hit", "miss")})
 
-    guard = AdminGuard(settings.admin_token)
+    guard = AdminGuard(settings.admin_token, stores.store)
     admin = admin_app(guard, approvals_api(stores.store), AuditPage(stores.audit, guard))
     api_key = os.environ[agent.config.api_key_env] if agent.config.api_key_env else None
     app = proxy_app(engine, settings, upstream_url=agent.config.upstream, api_key=api_key, metrics=metrics,

@@ -3,6 +3,7 @@
     serve       run the proxy in front of the agent file's upstream
     demo        the example agent file against a built-in offline model
     approvals | approve | deny   answer the calls waiting for a person
+    tokens      named tokens for approvers and auditors
     audit       read the audit trail
     policy      test the security team's rules before they ship
     schema | check | model | eval   write good tools: what the model sees, a lint, the scripted model, success rates
@@ -13,9 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from toolkeeper.cli import approvals, audit, authoring, demo, evaluation, policy, serve
+from toolkeeper.cli import approvals, audit, authoring, demo, evaluation, policy, serve, tokens
 
-COMMANDS = (serve, demo, approvals, audit, policy, authoring, evaluation)
+COMMANDS = (serve, demo, approvals, tokens, audit, policy, authoring, evaluation)
 
 
 def main(argv: list[str] | None = None) -> int:

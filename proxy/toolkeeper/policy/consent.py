@@ -13,6 +13,8 @@ answered once for all.
 from __future__ import annotations
 
 import asyncio
+import getpass
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
@@ -71,6 +73,13 @@ class NoConsent:
                                             "available (toolkeeper runs without a terminal or an approvals channel)")
 
 
+def local_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's user)
+        return f"uid {os.getuid()}"
+
+
 class TerminalConsent:
     """Asks on the terminal toolkeeper runs in, one question at a time."""
 
@@ -81,13 +90,14 @@ class TerminalConsent:
         self.stderr = stderr
         self.timeout = timeout
         self.always: set[tuple[str, str]] = set()  # (agent, tool)
+        self.who = f"{local_user()} (terminal)"  # who answers: the records say so
         self._lock = asyncio.Lock()
 
     async def ask(self, request: ConsentRequest) -> ConsentAnswer:
         key = (request.agent, request.tool)
         async with self._lock:
             if key in self.always and not request.rule_asks:
-                return ConsentAnswer(True, "terminal", "always allowed earlier in this session", always=True)
+                return ConsentAnswer(True, self.who, "always allowed earlier in this session", always=True)
             argv = f"\n  argv: {printable(str(request.argv))}" if request.argv else ""
             self.stderr.write(f"{argv}\n  why: {request.why()}\nAllow {request.summary()}? [y]es [n]o [a]lways ")
             self.stderr.flush()
@@ -95,16 +105,16 @@ class TerminalConsent:
                 answer = await asyncio.wait_for(self._answer(), self.timeout)
             except TimeoutError:
                 self.stderr.write("\n(no answer: denied)\n")
-                return ConsentAnswer(False, "terminal", f"no answer within {self.timeout:g} s")
+                return ConsentAnswer(False, self.who, f"no answer within {self.timeout:g} s")
         if answer == "a" and request.rule_asks:
             self.stderr.write("(a security rule asked: allowed this once, not always)\n")
             answer = "y"
         if answer == "a":
             self.always.add(key)
-            return ConsentAnswer(True, "terminal", "always", always=True)
+            return ConsentAnswer(True, self.who, "always", always=True)
         if answer == "y":
-            return ConsentAnswer(True, "terminal", "yes")
-        return ConsentAnswer(False, "terminal", "the user said no")
+            return ConsentAnswer(True, self.who, "yes")
+        return ConsentAnswer(False, self.who, "the user said no")
 
     async def _answer(self) -> str:
         """y, n or a; anything else asks again (a stray key is no answer)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import secrets
 import time
@@ -59,7 +60,36 @@ def new_id(prefix: str) -> str:
     return prefix + "".join(secrets.choice(ID_ALPHABET) for _ in range(8))
 
 
-class SQLStore:
+class Tokens:
+    """Named tokens, each with a role, kept as the SHA-256 of the token (mixed into SQLStore)."""
+
+    async def add_token(self: Any, name: str, role: str) -> str:
+        """A new token for `name`, returned once; a name already in force is refused (revoke it first)."""
+        token = "tk_" + secrets.token_urlsafe(24)
+        rows = await self._fetch("SELECT revoked FROM tokens WHERE name = ?", (name,))
+        if rows and rows[0][0] is None:
+            raise StoreError(f"a token named {name!r} is in force: revoke it first")
+        await self._atomic([("DELETE FROM tokens WHERE name = ?", (name,)),
+                            ("INSERT INTO tokens (name, role, token_sha256, created) VALUES (?, ?, ?, ?)",
+                             (name, role, hashlib.sha256(token.encode()).hexdigest(), self.now()))])
+        return token
+
+    async def token_holder(self: Any, token: str) -> tuple[str, str] | None:
+        """(name, role) of a token in force."""
+        rows = await self._fetch("SELECT name, role FROM tokens WHERE token_sha256 = ? AND revoked IS NULL",
+                                 (hashlib.sha256(token.encode()).hexdigest(),))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    async def list_tokens(self: Any) -> list[dict]:
+        rows = await self._fetch("SELECT name, role, created FROM tokens WHERE revoked IS NULL ORDER BY name")
+        return [{"name": name, "role": role, "created": created} for name, role, created in rows]
+
+    async def revoke_token(self: Any, name: str) -> bool:
+        return await self._execute("UPDATE tokens SET revoked = ? WHERE name = ? AND revoked IS NULL",
+                                   (self.now(), name)) == 1
+
+
+class SQLStore(Tokens):
     """Every operation, as SQL; the dialects implement `_fetch`, `_execute` and `_atomic`."""
 
     location = ""

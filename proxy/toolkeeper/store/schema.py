@@ -66,6 +66,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX IF NOT EXISTS links_expires ON links (expires)",
         "CREATE INDEX IF NOT EXISTS call_results_expires ON call_results (expires)",
     ),
+    # 4: named tokens, each with a role: an approval records who answered
+    (
+        """CREATE TABLE IF NOT EXISTS tokens (
+            name TEXT PRIMARY KEY,
+            role TEXT NOT NULL,         -- approver | auditor | admin
+            token_sha256 TEXT NOT NULL UNIQUE,  -- the token itself is shown once, never kept
+            created {real} NOT NULL,
+            revoked {real})""",
+    ),
 )
 VERSION = len(MIGRATIONS)
 

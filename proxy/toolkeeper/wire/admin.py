@@ -40,40 +40,61 @@ def json_error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
-class AdminGuard:
-    """The one admin-token check: a bearer header, or the audit page's session cookie."""
+# Who may reach what: a named token's role (`toolkeeper tokens add NAME --role ROLE`); the admin token is `admin`.
+ROLES = {PREFIX + "/approvals": {"approver", "admin"}, PREFIX + "/audit": {"auditor", "admin"}}
 
-    def __init__(self, token: str | None):
+
+class AdminGuard:
+    """The one check of who calls: the admin token or a named token (a bearer header), or the audit page's session
+    cookie; then whether that role may reach the path."""
+
+    def __init__(self, token: str | None, store: Store | None = None):
         self.token = token
+        self.store = store
         self.session = (hmac.new(token.encode(), b"toolkeeper audit page", hashlib.sha256).hexdigest()
                         if token else None)
         self.public: set[str] = set()  # paths anyone may reach: the sign-in form
         self.refusals: list[tuple[str, Refusal]] = []  # a page's own way of saying "sign in first"
 
     def bearer(self, request: web.Request) -> bool:
-        header = request.headers.get("Authorization", "")
-        given = header[7:].strip() if header.startswith("Bearer ") else ""
-        return bool(self.token and given) and hmac.compare_digest(given.encode(), self.token.encode())  # type: ignore[union-attr]
+        return bool(self.token) and hmac.compare_digest(given_token(request).encode(), self.token.encode())  # type: ignore[union-attr]
 
-    def signed_in(self, request: web.Request) -> bool:
+    async def identity(self, request: web.Request) -> tuple[str, str] | None:
+        """(name, role) of who calls, or None."""
         if self.bearer(request):
-            return True
-        return bool(self.session) and hmac.compare_digest(request.cookies.get(COOKIE, "").encode(),
-                                                          self.session.encode())  # type: ignore[union-attr]
+            return "admin", "admin"
+        given = given_token(request)
+        if given and self.store is not None:
+            return await self.store.token_holder(given)
+        if self.session and hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), self.session.encode()):
+            return "admin", "admin"
+        return None
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         if self.token is None:
             return json_error(404, f"the admin API is off: start toolkeeper with {TOKEN_VARIABLE} set")
-        if request.path in self.public or self.signed_in(request):
-            try:
+        try:
+            who = None if request.path in self.public else await self.identity(request)
+            if request.path in self.public or who is not None:
+                allowed = next((roles for prefix, roles in ROLES.items() if request.path.startswith(prefix)), None)
+                if who is not None and allowed is not None and who[1] not in allowed:
+                    return json_error(403, f"{who[0]} ({who[1]}) may not reach {request.path}: it needs the "
+                                           f"{' or '.join(sorted(allowed))} role")
+                request["identity"] = who
                 return await handler(request)
-            except StoreError as exc:
-                return json_error(503, f"the store did not answer: {exc}")
+        except StoreError as exc:
+            return json_error(503, f"the store did not answer: {exc}")
         for prefix, refuse in self.refusals:
             if request.path.startswith(prefix):
                 return await refuse(request)
-        return json_error(401, f"a valid admin token is required (Authorization: Bearer ${TOKEN_VARIABLE})")
+        return json_error(401, f"a valid token is required (Authorization: Bearer ${TOKEN_VARIABLE}, or a named "
+                               "token from `toolkeeper tokens add`)")
+
+
+def given_token(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    return header[7:].strip() if header.startswith("Bearer ") else ""
 
 
 def admin_app(guard: AdminGuard, *parts: Callable[[web.Application], None]) -> web.Application:
@@ -111,7 +132,9 @@ def approvals_api(store: Store) -> Callable[[web.Application], None]:
         approval = await store.get_approval(approval_id)
         if approval is None:
             return json_error(404, f"no approval {approval_id}")
-        approver = str(body.get("approver") or "admin")
+        name, role = request.get("identity") or ("admin", "admin")
+        # a named token records its own name; the admin token, whom the caller says (--as), as before
+        approver = name if role != "admin" else str(body.get("approver") or "admin")
         note = ""
         if verb == "approve":
             always = bool(body.get("always"))

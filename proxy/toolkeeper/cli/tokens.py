@@ -1,0 +1,64 @@
+"""`toolkeeper tokens add NAME --role approver|auditor|admin`, `tokens list`, `tokens revoke NAME`.
+
+Named tokens, for the people who answer calls and read the trail: an approval records the token's name, not a
+name the caller gives. They live in the store (hashed: the token is printed once, never kept), so every replica
+and worker sharing the store knows them. Run where the store is: `--store`, else $TOOLKEEPER_STORE, else
+./toolkeeper.sqlite3 (serve's default, next to the agent file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from datetime import datetime
+
+ROLES = ("approver", "auditor", "admin")
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--store", default=argparse.SUPPRESS, help="serve's --store (an SQLite file or a "
+                       "postgresql:// URL); default $TOOLKEEPER_STORE, else ./toolkeeper.sqlite3")
+    tokens = commands.add_parser("tokens", parents=[where], help="named tokens for approvers and auditors")
+    verbs = tokens.add_subparsers(dest="tokens_command", required=True)
+    add = verbs.add_parser("add", parents=[where], help="a new token, printed once")
+    add.add_argument("name", help="who holds it, as approvals will record (ada, ci-bot)")
+    add.add_argument("--role", choices=ROLES, required=True,
+                     help="approver: answers calls; auditor: reads the trail; admin: both")
+    verbs.add_parser("list", parents=[where], help="the tokens in force: names and roles")
+    revoke = verbs.add_parser("revoke", parents=[where], help="end a token: its holder is refused from now on")
+    revoke.add_argument("name", help="the token's name")
+    tokens.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from toolkeeper.common import printable
+    from toolkeeper.store import SchemaError, StoreError, open_store
+
+    location = getattr(args, "store", None) or os.environ.get("TOOLKEEPER_STORE") or "toolkeeper.sqlite3"
+
+    async def act() -> int:
+        store = open_store(location)
+        try:
+            if args.tokens_command == "add":
+                token = await store.add_token(args.name, args.role)
+                print(f"{args.name} ({args.role}): {token}")
+                print("keep it now: it is not shown again (the store keeps only its SHA-256)", file=sys.stderr)
+            elif args.tokens_command == "list":
+                for held in await store.list_tokens():
+                    since = datetime.fromtimestamp(held["created"]).astimezone().isoformat(timespec="seconds")
+                    print(printable(f"{held['name']}  {held['role']}  since {since}"))
+            elif not await store.revoke_token(args.name):
+                print(f"toolkeeper: no token named {printable(args.name)} in force", file=sys.stderr)
+                return 1
+            return 0
+        finally:
+            await store.close()
+
+    try:
+        return asyncio.run(act())
+    except (StoreError, SchemaError) as exc:
+        print(f"toolkeeper: {exc}", file=sys.stderr)
+        return 2
