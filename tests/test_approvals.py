@@ -430,6 +430,18 @@ def test_named_tokens_answer_as_themselves_and_each_role_reaches_only_its_part(s
     assert done.returncode == 0 and f"{approval}: approved by ada" in done.stdout  # not the name it claims
     assert "ran" in asking.result()
 
+    bob = tokens(approvals_dir, "add", "bob", "--role", "admin").stdout.split(": ", 1)[1].strip()
+    asking = Asking(tka, scripted, "release", {"version": "8.8.9"}, word="named-admin")
+    (approval,) = waiting(tka)
+    done = cli(tka, "approve", approval, "--as", "alice", token=bob)
+    assert f"{approval}: approved by bob" in done.stdout  # an admin-role token is still its own name
+    assert "ran" in asking.result()
+
     assert tokens(approvals_dir, "revoke", "ada").returncode == 0
     refused = cli(tka, "approvals", token=ada)
     assert refused.returncode != 0 and "401" in refused.stderr
+    for name in ("", "admin", "ada smith"):
+        assert tokens(approvals_dir, "add", name, "--role", "approver").returncode == 2
+    missing = subprocess.run([sys.executable, "-m", "toolkeeper", "tokens", "list", "--store",
+                              str(approvals_dir / "nowhere.sqlite3")], capture_output=True, text=True, cwd=ROOT)
+    assert missing.returncode == 2 and "no store at" in missing.stderr

@@ -140,6 +140,14 @@ def test_check_is_silent_on_the_example_and_strict_fails_on_warnings(tmp_path):
     assert toolkeeper("check", str(tmp_path / "agent.yaml"), "--strict").returncode == 1
 
 
+def test_check_and_schema_need_no_secret(tmp_path):
+    """A lint in CI has no upstream key: the variable `api_key_env` names need not be set to read the file."""
+    write_agent(tmp_path, WARNED.replace("upstream: http://127.0.0.1:9/v1",
+                                         "upstream: http://127.0.0.1:9/v1\n    api_key_env: TK_UNSET_KEY_FOR_TEST"))
+    assert "E000" not in toolkeeper("check", str(tmp_path / "agent.yaml")).stdout
+    assert toolkeeper("schema", str(tmp_path / "agent.yaml")).returncode == 0
+
+
 @pytest.mark.parametrize(("text", "said"), [
     ("tools: [this is not\n", "not valid YAML"),
     ("tools:\n  - {name: pick_target, description: Pick. Returns it., command: [/bin/echo, '{{t}}'],\n"
@@ -281,6 +289,8 @@ def test_eval_against_a_model_that_fails_every_call_gives_zero_and_an_unreachabl
     ("{name: a, prompt: p, tool: nope, argv: [x]}", "case 'a': key 'tool': 'nope' is not declared"),
     ("{name: a, prompt: p, tool: release, argv: [x], colour: red}", "case 'a': key 'colour': unknown key"),
     ("{name: a, prompt: p, tool: release}", "case 'a': key 'argv'"),
+    ("{name: a, prompt: p, tool: release, argv: [x]}\n  - {name: a, prompt: q, tool: release, argv: [y]}",
+     "case 'a': key 'name': used by two cases"),
 ])
 def test_a_broken_cases_file_is_refused_with_the_file_the_case_and_the_key(tmp_path, case, said):
     cases = EXAMPLE / f"broken-{tmp_path.name}.yaml"

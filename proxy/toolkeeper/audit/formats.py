@@ -73,14 +73,18 @@ def opa_event(entry: AuditEntry) -> dict[str, Any]:
         "requested_by": entry.agent,
         "req_id": 0,
         "timestamp": stamp,
-        "masked": sorted({pointer(place) for place in entry.redacted}),
+        "masked": sorted({found for place in entry.redacted if (found := pointer(place))}),
     }
 
 
-def pointer(place: str) -> str:
-    """Where redaction replaced a value (`arguments.token`, `argv[2]`), as a JSON pointer into the input."""
-    place = re.sub(r"\[(\d+)\]", r".\1", place.removeprefix("policy_input."))
-    return "/input/" + place.replace(".", "/")
+def pointer(place: str) -> str | None:
+    """Where redaction replaced a value in the policy input (`arguments.token`, `argv[2]`), as a JSON pointer
+    (RFC 6901: `~` and `/` escaped); None for a place outside it (the arguments as sent)."""
+    place = place.removeprefix("policy_input.")
+    if not place.startswith(("arguments.", "argv[")):
+        return None
+    parts = re.sub(r"\[(\d+)\]", r".\1", place).split(".")
+    return "/input/" + "/".join(part.replace("~", "~0").replace("/", "~1") for part in parts)
 
 
 def _identifier(record_id: str, size: int) -> str:

@@ -262,7 +262,7 @@ class SQLAudit:
             if filters.get(column) is not None:
                 where.append(f"{column} = ?")
                 params.append(filters[column])
-        for bound, test in (("since", "time >= ?"), ("until", "time < ?")):
+        for bound, test in (("since", "time >= ?"), ("until", "time < ?"), ("until_seq", "seq <= ?")):
             if filters.get(bound) is not None:
                 where.append(test)
                 params.append(filters[bound])
@@ -342,8 +342,8 @@ class SQLAudit:
 
     def record_by_prefix(self, prefix: str) -> AuditEntry | None:
         """The record whose id starts with `prefix`; DamagedTrail-free: raises LookupError when it is ambiguous."""
-        found = self._query("SELECT DISTINCT record_id FROM audit_events WHERE record_id LIKE ? LIMIT 2",
-                            (prefix.replace("%", "").replace("_", "") + "%",))
+        found = self._query("SELECT DISTINCT record_id FROM audit_events WHERE substr(record_id, 1, ?) = ? LIMIT 2",
+                            (len(prefix), prefix.lower()))
         if len(found) > 1:
             raise LookupError(f"{prefix} names more than one record: give more of its id")
         return self.record(found[0][0]) if found else None

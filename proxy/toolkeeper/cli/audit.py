@@ -120,9 +120,9 @@ def show(audit: SQLAudit, args: argparse.Namespace) -> int:
 def tail(audit: SQLAudit, args: argparse.Namespace) -> int:
     """The last N calls, one line each, then every event as it is written."""
     try:
-        for record in audit.records(limit=args.n) if args.n > 0 else []:
+        head = max((r.seq for r in audit.records(limit=1)), default=0)  # first: nothing falls between the two
+        for record in audit.records(limit=args.n, until_seq=head) if args.n > 0 else []:
             print(f"{record.kind:<9} {line(record)}", flush=True)
-        head = max((r.seq for r in audit.records(limit=1)), default=0)  # then what comes after the newest
         for event in audit.follow(after_seq=head):
             record = audit.record(event["record_id"]) or AuditEntry.model_validate(event)
             print(f"{event['kind']:<9} {line(record)}", flush=True)

@@ -38,7 +38,7 @@ def schema_command(args: argparse.Namespace) -> int:
     from toolkeeper.wire import anthropic_tool, flat_tool
 
     try:
-        agent = load_agent_file(args.agent_file)
+        agent = load_agent_file(args.agent_file, serving=False)
     except AgentFileError as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
@@ -70,7 +70,7 @@ def findings_for(agent_file: str, policy: str | None) -> list:
     from toolkeeper.tools import AgentFileError, Finding, lint_agent, load_agent_file
 
     try:
-        agent = load_agent_file(agent_file)
+        agent = load_agent_file(agent_file, serving=False)
     except AgentFileError as exc:
         return [Finding("E000", "error", None, None, f"the file does not load: {exc}", "correct what it names")]
     findings = lint_agent(agent)

@@ -140,7 +140,7 @@ def load_cases(path: Path) -> tuple[Any, list[dict]]:
         raise EvalError(f"{path}: a cases file is a mapping with `agent:` and `cases:`"
                         + (f"; unknown key {unknown[0]!r}" if unknown else ""))
     try:
-        agent = load_agent_file(path.parent / str(loaded["agent"]))
+        agent = load_agent_file(path.parent / str(loaded["agent"]), serving=False)
     except AgentFileError as exc:
         raise EvalError(f"{path}: key 'agent': {exc}") from None
     cases = loaded.get("cases") or []
@@ -148,6 +148,10 @@ def load_cases(path: Path) -> tuple[Any, list[dict]]:
         raise EvalError(f"{path}: key 'cases': a list of {{name, prompt, tool, argv}}, at least one")
     for position, case in enumerate(cases):
         check_case(path, position, case, agent)
+    names = [case["name"] for case in cases]
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated:
+        raise EvalError(f"{path}: case {repeated!r}: key 'name': used by two cases (each is counted by its name)")
     return agent, cases
 
 
@@ -178,23 +182,26 @@ class DeclaredRuns:
         self.agent, self.args, self.key = agent, args, key
         self.folder = tempfile.TemporaryDirectory(prefix="toolkeeper-eval-")
         self.audit = Path(self.folder.name) / "audit.sqlite3"
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed with the runs
 
     def __enter__(self) -> DeclaredRuns:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "toolkeeper", "serve", str(self.agent.path), "--port", "0", "--upstream",
              self.args.base_url, "--store", str(Path(self.folder.name) / "store.sqlite3"), "--audit",
              str(self.audit), "--consent", "none", "--read-timeout", str(ROUND_TIMEOUT), "--log-level", "ERROR"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True)  # a log nobody must drain
         line = self.process.stdout.readline()  # type: ignore[union-attr]
         if "listening on" not in line:
             self.process.wait(10)
-            raise EvalError(f"toolkeeper did not start: {self.process.stderr.read().strip()}")  # type: ignore[union-attr]
+            self.log.seek(0)
+            raise EvalError(f"toolkeeper did not start: {self.log.read().strip()}")
         self.url = "http://" + line.split("http://", 1)[1].split()[0]
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.process.terminate()
         self.process.communicate(timeout=15)
+        self.log.close()
         self.folder.cleanup()
 
     def run(self, case: dict, number: int) -> Run:

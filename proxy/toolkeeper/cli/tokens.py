@@ -11,10 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
+import sqlite3
 import sys
 from datetime import datetime
+from pathlib import Path
 
 ROLES = ("approver", "auditor", "admin")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")  # what records and listings show, as it is
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -38,6 +42,15 @@ def run(args: argparse.Namespace) -> int:
     from toolkeeper.store import SchemaError, StoreError, open_store
 
     location = getattr(args, "store", None) or os.environ.get("TOOLKEEPER_STORE") or "toolkeeper.sqlite3"
+    if not location.startswith(("postgresql://", "postgres://")) and not Path(location).exists():
+        print(f"toolkeeper: no store at {location}: name serve's store with --store (by default "
+              "toolkeeper.sqlite3 next to the agent file, made when toolkeeper first starts)", file=sys.stderr)
+        return 2
+    name = getattr(args, "name", None)
+    if name is not None and (not NAME.fullmatch(name) or name == "admin"):
+        print(f"toolkeeper: a token's name is 1 to 64 letters, digits, '.', '_', '@' or '-', and not 'admin' (the "
+              f"admin token's): {printable(name)!r}", file=sys.stderr)
+        return 2
 
     async def act() -> int:
         store = open_store(location)
@@ -59,6 +72,6 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return asyncio.run(act())
-    except (StoreError, SchemaError) as exc:
-        print(f"toolkeeper: {exc}", file=sys.stderr)
+    except (StoreError, SchemaError, sqlite3.Error, OSError) as exc:
+        print(f"toolkeeper: cannot use the store at {location}: {exc}", file=sys.stderr)
         return 2

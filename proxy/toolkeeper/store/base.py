@@ -66,12 +66,13 @@ class Tokens:
     async def add_token(self: Any, name: str, role: str) -> str:
         """A new token for `name`, returned once; a name already in force is refused (revoke it first)."""
         token = "tk_" + secrets.token_urlsafe(24)
-        rows = await self._fetch("SELECT revoked FROM tokens WHERE name = ?", (name,))
-        if rows and rows[0][0] is None:
+        taken = await self._fetch(  # one statement: two adds at once cannot both win
+            "INSERT INTO tokens (name, role, token_sha256, created) VALUES (?, ?, ?, ?) ON CONFLICT (name) DO UPDATE "
+            "SET role = excluded.role, token_sha256 = excluded.token_sha256, created = excluded.created, "
+            "revoked = NULL WHERE tokens.revoked IS NOT NULL RETURNING name",
+            (name, role, hashlib.sha256(token.encode()).hexdigest(), self.now()))
+        if not taken:
             raise StoreError(f"a token named {name!r} is in force: revoke it first")
-        await self._atomic([("DELETE FROM tokens WHERE name = ?", (name,)),
-                            ("INSERT INTO tokens (name, role, token_sha256, created) VALUES (?, ?, ?, ?)",
-                             (name, role, hashlib.sha256(token.encode()).hexdigest(), self.now()))])
         return token
 
     async def token_holder(self: Any, token: str) -> tuple[str, str] | None:

@@ -258,8 +258,9 @@ class Agent:
         return self.path.parent
 
 
-def load_agent_file(path: str | os.PathLike[str], *, upstream: str | None = None) -> Agent:
-    """Read, validate and compile an agent file, or raise AgentFileError."""
+def load_agent_file(path: str | os.PathLike[str], *, upstream: str | None = None, serving: bool = True) -> Agent:
+    """Read, validate and compile an agent file, or raise AgentFileError. `serving=False` (check, schema, eval's
+    own reading) does not need the upstream key's variable to be set."""
     path = Path(path).resolve()
     config, _, _ = load_yaml_model(path, AgentFile, AgentFileError, what="the agent file", entries="tools",
                                    entry="tool", name_key="name", override={"upstream": upstream} if upstream else None)
@@ -277,7 +278,7 @@ def load_agent_file(path: str | os.PathLike[str], *, upstream: str | None = None
             raise AgentFileError(f"{where}: key 'name': declared twice (also as {seen[folded]!r})")
         seen[folded] = tool.name
         tools.append(_compile_tool(path, tool, where))
-    if config.api_key_env and config.api_key_env not in os.environ:
+    if serving and config.api_key_env and config.api_key_env not in os.environ:
         raise AgentFileError(f"{path}: key 'api_key_env': the variable {config.api_key_env} is not set")
     return Agent(path, config, tools, sha256_hex(path.read_bytes())[:12])
 

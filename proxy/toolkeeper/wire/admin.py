@@ -42,6 +42,7 @@ def json_error(status: int, message: str) -> web.Response:
 
 # Who may reach what: a named token's role (`toolkeeper tokens add NAME --role ROLE`); the admin token is `admin`.
 ROLES = {PREFIX + "/approvals": {"approver", "admin"}, PREFIX + "/audit": {"auditor", "admin"}}
+MASTER = ("admin", "admin")  # the admin token (TOOLKEEPER_ADMIN_TOKEN): `tokens add` never gives out this name
 
 
 class AdminGuard:
@@ -60,14 +61,15 @@ class AdminGuard:
         return bool(self.token) and hmac.compare_digest(given_token(request).encode(), self.token.encode())  # type: ignore[union-attr]
 
     async def identity(self, request: web.Request) -> tuple[str, str] | None:
-        """(name, role) of who calls, or None."""
+        """(name, role) of who calls, or None; the admin token's holder is MASTER (it may say who it answers
+        for, as `--as`); a named token is its own name."""
         if self.bearer(request):
-            return "admin", "admin"
+            return MASTER
         given = given_token(request)
         if given and self.store is not None:
             return await self.store.token_holder(given)
         if self.session and hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), self.session.encode()):
-            return "admin", "admin"
+            return MASTER
         return None
 
     @web.middleware
@@ -132,9 +134,9 @@ def approvals_api(store: Store) -> Callable[[web.Application], None]:
         approval = await store.get_approval(approval_id)
         if approval is None:
             return json_error(404, f"no approval {approval_id}")
-        name, role = request.get("identity") or ("admin", "admin")
-        # a named token records its own name; the admin token, whom the caller says (--as), as before
-        approver = name if role != "admin" else str(body.get("approver") or "admin")
+        who = request.get("identity") or MASTER
+        # a named token records its own name, whatever its role; the admin token, whom the caller says (--as)
+        approver = str(body.get("approver") or "admin") if who == MASTER else who[0]
         note = ""
         if verb == "approve":
             always = bool(body.get("always"))

@@ -52,15 +52,21 @@ class OtlpExporter:
         if not self.pending:
             return
         batch, self.pending = self.pending, []
+        sent = False
         try:
             async with session.post(self.url, data=orjson.dumps(otlp_request(batch)),
                                     headers={"Content-Type": "application/json"}) as answer:
                 if answer.status >= 300:
                     raise aiohttp.ClientError(f"the collector answered {answer.status}")
+            sent = True
             if self.failing:
                 log.info("the OTLP collector at %s takes spans again", self.url)
             self.failing = False
         except (aiohttp.ClientError, TimeoutError) as exc:
             if not self.failing:
-                log.warning("the OTLP collector at %s did not take %d spans: %s", self.url, len(batch), exc)
+                log.warning("the OTLP collector at %s did not take %d spans (kept for the next try): %s", self.url,
+                            len(batch), exc)
             self.failing = True
+        finally:
+            if not sent:  # failed or cancelled: tried again with the next batch, the oldest dropped past MOST
+                self.pending = [*batch, *self.pending][-MOST:]
