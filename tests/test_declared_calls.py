@@ -101,9 +101,9 @@ def test_shell_syntax_arrives_as_one_argv_entry(scripted, tk, tmp_path):
         {"content": "ok"},
     )
     tk.client().chat.completions.create(model="m", messages=user())
-    assert tk.calls() == [
-        ["release", evil, "--channel=beta", f"--notes={subst}"],
+    assert sorted(tk.calls()) == [  # the two ran at once: in either order
         ["lookup", f"`touch {marker}` && rm -rf ~"],
+        ["release", evil, "--channel=beta", f"--notes={subst}"],
     ]
     assert not marker.exists()
 
