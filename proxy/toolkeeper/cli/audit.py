@@ -13,6 +13,7 @@ from pathlib import Path
 
 from toolkeeper.audit import FORMATS, STATUSES, AuditEntry, AuditError, DamagedTrail, SQLAudit, open_audit
 from toolkeeper.common import printable
+from toolkeeper.database import is_postgres_url
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -79,7 +80,7 @@ def line(record: AuditEntry) -> str:
 
 def run(args: argparse.Namespace) -> int:
     args.db = getattr(args, "db", None) or os.environ.get("TOOLKEEPER_AUDIT") or "toolkeeper-audit.sqlite3"
-    postgres = args.db.startswith(("postgresql://", "postgres://"))
+    postgres = is_postgres_url(args.db)
     if not postgres and not Path(args.db).exists():
         print(f"toolkeeper: no audit database at {args.db}", file=sys.stderr)
         return 2

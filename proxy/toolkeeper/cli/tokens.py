@@ -39,10 +39,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from toolkeeper.common import printable
+    from toolkeeper.database import is_postgres_url
     from toolkeeper.store import SchemaError, StoreError, open_store
 
     location = getattr(args, "store", None) or os.environ.get("TOOLKEEPER_STORE") or "toolkeeper.sqlite3"
-    if not location.startswith(("postgresql://", "postgres://")) and not Path(location).exists():
+    if not is_postgres_url(location) and not Path(location).exists():
         print(f"toolkeeper: no store at {location}: name serve's store with --store (by default "
               "toolkeeper.sqlite3 next to the agent file, made when toolkeeper first starts)", file=sys.stderr)
         return 2
