@@ -8,11 +8,13 @@ background is stopped at the end.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,21 @@ def blocks(page: Path) -> tuple[dict[str, str], list[str], list[str]]:
     return files, scripts, outputs
 
 
+def stop_group(group: int) -> None:
+    """SIGTERM to every process of the group, then wait until none is left (SIGKILL past 15 s): the next page
+    binds the same ports."""
+    os.killpg(group, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_the_pages_offline_commands_run_as_written(page, tmp_path):
     files, scripts, outputs = blocks(ROOT / page)
@@ -56,7 +73,7 @@ def test_the_pages_offline_commands_run_as_written(page, tmp_path):
         try:
             process.wait(120)
         finally:
-            os.killpg(process.pid, signal.SIGTERM)  # the servers the page started in the background
+            stop_group(process.pid)  # the servers the page started in the background
             process.wait()
     printed, said = (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
     assert process.returncode == 0, f"{printed}\n{said}"
