@@ -475,6 +475,9 @@ def test_a_cut_off_tail_fails_verify_with_the_expected_head(tmp_path, kind):
         audit.close()
         tamper(where, "DELETE FROM audit_events WHERE seq = ?", (last,))
         verify = [sys.executable, "-m", "toolkeeper", "audit", "--db", where, "verify"]
+        run = subprocess.run(verify, capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert run.returncode == 1 and "not in the chain" in run.stdout  # the index of calls still holds it
+        tamper(where, "DELETE FROM audit_calls WHERE last_seq = ?", (last,))  # a careful editor cuts both
         assert subprocess.run(verify, capture_output=True, cwd=ROOT, timeout=60).returncode == 0  # looks fine alone
         run = subprocess.run([*verify, "--expect-head", head], capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert run.returncode == 1 and "tail was cut off" in run.stdout

@@ -37,9 +37,19 @@ class SQLiteAudit(SQLAudit):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA.format(serial="INTEGER PRIMARY KEY AUTOINCREMENT", real="REAL", blob="BLOB"))
+        # WAL: this one reads while the other writes
+        self._reader = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=WRITE_WAIT)
+        self.catch_up()
 
     def connection(self) -> sqlite3.Connection:
         return self._db
+
+    def read_connection(self) -> sqlite3.Connection:
+        return self._reader
+
+    def close(self) -> None:
+        super().close()
+        self._reader.close()
 
 
 class PostgresAudit(SQLAudit):
@@ -56,29 +66,46 @@ class PostgresAudit(SQLAudit):
         self.conflict = (psycopg.errors.UniqueViolation,)
         self.failure = (psycopg.Error,)
         self._db: Any = None
+        self._reader: Any = None
         self.connection()
+        self.catch_up()
 
     def connection(self) -> Any:
         """The connection, opened again when the server dropped it."""
         if not self.dropped():
             return self._db
+        self._db = self._open(schema=True)
+        return self._db
+
+    def read_connection(self) -> Any:
+        if self._reader is None or self._reader.closed or self._reader.broken:
+            self._reader = self._open(schema=False)
+        return self._reader
+
+    def _open(self, schema: bool) -> Any:
         psycopg = self._psycopg
         try:
             db = psycopg.connect(self.path, autocommit=True, **connect_arguments(self.path, WRITE_WAIT))
-            with db.transaction():
-                db.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
-                db.execute(SCHEMA.format(serial="BIGSERIAL PRIMARY KEY", real="DOUBLE PRECISION", blob="BYTEA"))
+            if schema:
+                with db.transaction():
+                    db.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
+                    db.execute(SCHEMA.format(serial="BIGSERIAL PRIMARY KEY", real="DOUBLE PRECISION", blob="BYTEA"))
         except psycopg.Error as exc:
             raise AuditError(f"cannot open the audit trail at {without_password(self.path)}: {exc}") from exc
-        self._db = db
         return db
 
     def dropped(self) -> bool:
         return self._db is None or self._db.closed or self._db.broken
 
+    def close(self) -> None:
+        super().close()
+        if self._reader is not None:
+            self._reader.close()
+
     def abandon(self) -> None:
         """Cut the socket under a connection stuck waiting: the stuck write fails, the next one reconnects."""
         cut(self._db)
+        cut(self._reader)
 
 
 def open_audit(location: str | Path, redactor: Redactor | None = None) -> SQLAudit:

@@ -8,9 +8,15 @@ from typing import Any
 import orjson
 
 from toolkeeper.audit.record import AuditEntry
+from toolkeeper.common import sha256_hex
 
 # In every event, and in its columns: what filters read.
 INDEXED_FIELDS = ("record_id", "kind", "time", "tool", "agent", "status")
+GENESIS = "0" * 64  # the "previous hash" of the first event
+
+
+def chain_hash(prev_hash: str, body: bytes) -> str:
+    return sha256_hex(prev_hash.encode() + b"\x00" + body)
 
 
 class AuditError(Exception):

@@ -1,5 +1,5 @@
 """The trail in the formats other tools read: JSON lines, CSV (times in ISO 8601 with their zone), OPA decision
-logs, and OpenTelemetry spans (OTLP/JSON); and the filters on what is in a record's body, not its columns.
+logs, and OpenTelemetry spans (OTLP/JSON).
 
 OPA decision log events follow https://www.openpolicyagent.org/docs/latest/management-decision-logs/: one event
 per call, `path` the rule that decided, `input` the policy input (redacted, its replaced values listed in
@@ -20,20 +20,9 @@ from typing import Any
 from toolkeeper.audit.record import AuditEntry
 from toolkeeper.common import canonical_json
 
-# A filter on a body field: the entry's value it compares.
-BODY_FILTERS = {
-    "source": lambda entry: entry.source,
-    "approver": lambda entry: entry.approver,
-    "rule": lambda entry: entry.decision_rule,
-    "header": lambda entry: ((entry.policy_input or {}).get("agent") or {}).get("header"),
-}
 FORMATS = ("jsonl", "csv", "opa", "otel")
 DECISION_PATH = "toolkeeper/decision"
 SERVICE = "toolkeeper"
-
-
-def matches(entry: AuditEntry, filters: dict[str, Any]) -> bool:
-    return all(read(entry) == filters[name] for name, read in BODY_FILTERS.items() if filters.get(name) is not None)
 
 
 def iso(seconds: float) -> str:

@@ -58,6 +58,7 @@ class ExecutionRecord(BaseModel):
     policy_input: dict[str, Any] | None = _in("decided")  # the document the policy read
     consent: str | None = _in("decided")  # approved | denied, when someone was asked
     approver: str | None = _in("decided")
+    waited_ms: float | None = _in("decided")  # how long the call waited for a person's answer
     redacted: list[str] = _in("decided", default_factory=list)  # which values were replaced before storing
     host: str = _in("decided", default_factory=socket.gethostname)  # where it ran: a crash's calls are closed
     pid: int = _in("decided", default_factory=os.getpid)  # ... by the next process on that host

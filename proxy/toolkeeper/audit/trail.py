@@ -23,8 +23,12 @@ credentials, never the key.
 
 Every column a filter reads (record, kind, time, tool, agent, status) is also
 in the hashed body, and `verify` checks the columns against it, so editing a
-column to hide a record from `audit list --tool ...` shows as tampering.
+column to hide a record from `audit list --tool ...` shows as tampering. The
+index of calls the pages and filters read (calls.py) is checked the same way.
 `verify(expect_head=...)` also tells a trail whose tail was cut off.
+
+Reads (pages, exports, verify) go through their own connection, so a long
+read never holds up the write a call waits on. Reading is in reading.py.
 
 Faults never freeze the proxy or run a call unrecorded: a write waits at most
 `WRITE_WAIT` seconds (for the database, or for another write still stuck on
@@ -39,25 +43,16 @@ import asyncio
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
-from toolkeeper.audit.events import (
-    INDEXED_FIELDS,
-    UNHASHED,
-    AuditError,
-    alive,
-    entry_of,
-    event_body,
-    hashed_columns,
-)
-from toolkeeper.audit.formats import BODY_FILTERS, matches, render
-from toolkeeper.audit.record import AuditEntry, ExecutionRecord
+from toolkeeper.audit.calls import CALLS_SCHEMA, UPSERT, call_row
+from toolkeeper.audit.events import GENESIS, INDEXED_FIELDS, AuditError, alive, chain_hash, event_body
+from toolkeeper.audit.reading import TrailReader
+from toolkeeper.audit.record import ExecutionRecord
 from toolkeeper.audit.redaction import Redactor
-from toolkeeper.common import canonical_json, sha256_hex
+from toolkeeper.common import canonical_json
 
-GENESIS = "0" * 64
 DECIDED_FIELDS = ExecutionRecord.fields_of("decided")
 COMPLETED_FIELDS = ExecutionRecord.fields_of("completed")
 EXCERPT_BYTES = 1024
@@ -85,16 +80,10 @@ CREATE TABLE IF NOT EXISTS audit_events (
 );
 CREATE INDEX IF NOT EXISTS audit_record ON audit_events (record_id);
 CREATE INDEX IF NOT EXISTS audit_time ON audit_events (time);
-"""
-# The last event of each call: its current state.
-LAST_EVENTS = "seq IN (SELECT MAX(seq) FROM audit_events GROUP BY record_id)"
+""" + CALLS_SCHEMA
 
 
-def chain_hash(prev_hash: str, body: bytes) -> str:
-    return sha256_hex(prev_hash.encode() + b"\x00" + body)
-
-
-class SQLAudit:
+class SQLAudit(TrailReader):
     """The trail over a DB-API connection; the dialects (databases.py) give the connection and its SQL."""
 
     begin = "BEGIN"
@@ -107,12 +96,17 @@ class SQLAudit:
     def __init__(self, redactor: Redactor | None = None):
         self.redactor = redactor or Redactor()
         self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
         self.last_failure: str | None = None  # why the last write failed, until one succeeds: for /readyz
         self._pending: set[asyncio.Task[None]] = set()
 
     # -- the connection: the dialects open and reopen it ------------------------------
 
     def connection(self) -> Any:
+        raise NotImplementedError
+
+    def read_connection(self) -> Any:
+        """The connection reads use: its own, so a long page never holds up a write."""
         raise NotImplementedError
 
     def abandon(self) -> None:
@@ -123,23 +117,24 @@ class SQLAudit:
         return False
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        if not self._lock.acquire(timeout=WRITE_WAIT):
+    def _locked(self, lock: threading.Lock | None = None) -> Iterator[None]:
+        lock = lock or self._lock
+        if not lock.acquire(timeout=WRITE_WAIT):
             raise AuditError(f"the audit database has not answered for {WRITE_WAIT:g} s")
         try:
             yield
         finally:
-            self._lock.release()
+            lock.release()
 
-    def _execute(self, sql: str, params: Iterable[Any] = ()) -> Any:
+    def _execute(self, sql: str, params: Iterable[Any] = (), connection: Any = None) -> Any:
         if self.placeholder != "?":
             sql = sql.replace("?", self.placeholder)
-        return self.connection().execute(sql, tuple(params))
+        return (connection or self.connection()).execute(sql, tuple(params))
 
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
-        with self._locked():
+        with self._locked(self._read_lock):
             try:
-                return self._execute(sql, params).fetchall()
+                return self._execute(sql, params, self.read_connection()).fetchall()
             except self.failure as exc:
                 raise AuditError(f"the audit trail cannot be read: {exc}") from exc
 
@@ -209,10 +204,11 @@ class SQLAudit:
                             self._execute(self.lock_chain)
                         row = self._execute("SELECT hash FROM audit_events ORDER BY seq DESC LIMIT 1").fetchone()
                         prev = row[0] if row else GENESIS
-                        self._execute(
+                        (seq,) = self._execute(
                             "INSERT INTO audit_events (record_id, kind, time, tool, agent, status, body, prev_hash, "
-                            "hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            (*(event[k] for k in INDEXED_FIELDS), body, prev, chain_hash(prev, body)))
+                            "hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+                            (*(event[k] for k in INDEXED_FIELDS), body, prev, chain_hash(prev, body))).fetchone()
+                        self._execute(UPSERT, call_row(event, seq))
                         self._execute("COMMIT")
                         return
                     except BaseException:
@@ -230,7 +226,8 @@ class SQLAudit:
 
     def close_interrupted(self) -> int:
         """Close, as `interrupted`, the calls left `running` by a process of this host that is gone."""
-        rows = self._query(f"SELECT body FROM audit_events WHERE kind = 'decided' AND {LAST_EVENTS}")  # noqa: S608
+        rows = self._query("SELECT body FROM audit_events WHERE seq IN "
+                           "(SELECT last_seq FROM audit_calls WHERE status = 'running')")
         closed = 0
         for (body,) in rows:
             record = ExecutionRecord.model_validate({**event_body(body), "status": "interrupted"})
@@ -243,118 +240,30 @@ class SQLAudit:
             closed += 1
         return closed
 
+    def catch_up(self) -> int:
+        """Index the calls of events the index does not hold yet (a trail from before it): how many events."""
+        with self._locked():
+            self._execute(self.begin)
+            try:
+                if self.lock_chain:
+                    self._execute(self.lock_chain)
+                done = self._execute("SELECT COALESCE(MAX(last_seq), 0) FROM audit_calls").fetchone()[0]
+                rows = self._execute("SELECT seq, body FROM audit_events WHERE seq > ? ORDER BY seq",
+                                     (done,)).fetchall()
+                for seq, body in rows:
+                    self._execute(UPSERT, call_row(event_body(body), seq))
+                self._execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(*self.failure):
+                    self._execute("ROLLBACK")
+                raise
+        return len(rows)
+
     def check(self) -> None:
         """For /readyz: raises when the trail cannot be read, or its last write failed."""
         self._query("SELECT 1")
         if self.last_failure:
             raise AuditError(f"the last record could not be written: {self.last_failure}")
-
-    # -- reading ------------------------------------------------------------------------
-
-    def events(self, *, after_seq: int = 0) -> list[dict[str, Any]]:
-        rows = self._query("SELECT seq, body FROM audit_events WHERE seq > ? ORDER BY seq", (after_seq,))
-        return [{"seq": seq, **event_body(body)} for seq, body in rows]
-
-    def _filtered(self, filters: dict[str, Any]) -> tuple[str, list[Any]]:
-        """The WHERE clause choosing calls by their current state (the last event of each)."""
-        where, params = [LAST_EVENTS], []
-        for column in ("tool", "status", "agent"):
-            if filters.get(column) is not None:
-                where.append(f"{column} = ?")
-                params.append(filters[column])
-        for bound, test in (("since", "time >= ?"), ("until", "time < ?"), ("until_seq", "seq <= ?")):
-            if filters.get(bound) is not None:
-                where.append(test)
-                params.append(filters[bound])
-        return " AND ".join(where), params
-
-    def records(self, *, limit: int | None = None, **filters: Any) -> list[AuditEntry]:
-        """One entry per call, its events merged, oldest first; `limit`: only the newest that many. Columns
-        (tool, status, agent, since, until) are filtered in SQL; body fields (source, approver, rule, header)
-        here, then the newest `limit` kept."""
-        if not any(filters.get(name) is not None for name in BODY_FILTERS):
-            return self._records(limit, filters)
-        entries = [entry for entry in self._records(None, filters) if matches(entry, filters)]
-        return entries[-limit:] if limit else entries
-
-    def _records(self, limit: int | None, filters: dict[str, Any]) -> list[AuditEntry]:
-        where, params = self._filtered(filters)
-        query = f"SELECT record_id FROM audit_events WHERE {where} ORDER BY seq DESC"  # noqa: S608
-        if limit is not None:
-            query += f" LIMIT {int(limit)}"
-        ids = [row[0] for row in self._query(query, params)][::-1]
-        merged: dict[str, dict[str, Any]] = {record_id: {} for record_id in ids}
-        for start in range(0, len(ids), 500):
-            batch = ids[start:start + 500]
-            marks = ",".join("?" * len(batch))
-            for seq, body in self._query(f"SELECT seq, body FROM audit_events WHERE record_id IN ({marks}) "  # noqa: S608
-                                         "ORDER BY seq", batch):
-                parsed = event_body(body)
-                merged[parsed["record_id"]].update(parsed, seq=seq)
-        return [entry_of(row) for row in merged.values()]
-
-    def count(self, **filters: Any) -> int:
-        where, params = self._filtered(filters)
-        return self._query(f"SELECT COUNT(*) FROM audit_events WHERE {where}", params)[0][0]  # noqa: S608
-
-    def tools(self) -> list[str]:
-        return [row[0] for row in self._query("SELECT DISTINCT tool FROM audit_events ORDER BY tool")]
-
-    def record(self, record_id: str) -> AuditEntry | None:
-        rows = self._query("SELECT seq, body FROM audit_events WHERE record_id = ? ORDER BY seq", (record_id,))
-        if not rows:
-            return None
-        merged: dict[str, Any] = {}
-        for seq, body in rows:
-            merged.update(event_body(body), seq=seq)
-        return entry_of(merged)
-
-    def verify(self, expect_head: str | None = None) -> tuple[bool, str]:
-        """Walk the chain from the start, each event's columns against its hashed body: (intact, what was found).
-
-        `expect_head`: the head hash (or its start) noted earlier; a trail that ends before it lost its tail.
-        """
-        prev, count = GENESIS, 0
-        rows = self._query(f"SELECT seq, {', '.join(INDEXED_FIELDS)}, body, prev_hash, hash FROM audit_events "  # noqa: S608
-                           "ORDER BY seq")
-        for seq, *columns, body, prev_hash, stored in rows:
-            body = body.encode() if isinstance(body, str) else bytes(body)  # a tampered row may change type
-            if prev_hash != prev:
-                return False, f"event {seq} (record {columns[0]}) does not follow the event before it"
-            if chain_hash(prev_hash, body) != stored:
-                return False, f"event {seq} (record {columns[0]}) was altered: its content does not match its hash"
-            hashed = hashed_columns(body)
-            for name, column, value in zip(INDEXED_FIELDS, columns, hashed, strict=True):
-                if value is not UNHASHED and column != value:
-                    return False, (f"event {seq} (record {columns[0]}) was altered: its {name} column says "
-                                   f"{column!r}, its hashed content {value!r}")
-            prev = stored
-            count += 1
-        if expect_head and not prev.startswith(expect_head.lower()):
-            seen = self._query("SELECT COUNT(*) FROM audit_events WHERE hash LIKE ?", (expect_head.lower() + "%",))
-            where = "is no longer in the trail: its tail was cut off" if not seen[0][0] else "is not the last event"
-            return False, f"the expected head {expect_head} {where} (the head is {prev[:16]})"
-        return True, f"{count} events, chain intact, head {prev[:16]}"
-
-    def export(self, fmt: str, **filters: Any) -> str:
-        """jsonl, csv, opa (decision log events) or otel (OTLP/JSON spans): see formats.py."""
-        return render(self.records(**filters), fmt)
-
-    def record_by_prefix(self, prefix: str) -> AuditEntry | None:
-        """The record whose id starts with `prefix`; DamagedTrail-free: raises LookupError when it is ambiguous."""
-        found = self._query("SELECT DISTINCT record_id FROM audit_events WHERE substr(record_id, 1, ?) = ? LIMIT 2",
-                            (len(prefix), prefix.lower()))
-        if len(found) > 1:
-            raise LookupError(f"{prefix} names more than one record: give more of its id")
-        return self.record(found[0][0]) if found else None
-
-    def follow(self, poll: float = 0.5, after_seq: int = 0) -> Iterator[dict[str, Any]]:
-        last = after_seq
-        while True:
-            for event in self.events(after_seq=last):
-                last = event["seq"]
-                yield event
-            time.sleep(poll)
 
     def close(self) -> None:
         with contextlib.suppress(AuditError), self._locked(), contextlib.suppress(*self.failure):

@@ -121,7 +121,7 @@ def show(audit: SQLAudit, args: argparse.Namespace) -> int:
 def tail(audit: SQLAudit, args: argparse.Namespace) -> int:
     """The last N calls, one line each, then every event as it is written."""
     try:
-        head = max((r.seq for r in audit.records(limit=1)), default=0)  # first: nothing falls between the two
+        head, _ = audit.head()  # first: nothing falls between the two
         for record in audit.records(limit=args.n, until_seq=head) if args.n > 0 else []:
             print(f"{record.kind:<9} {line(record)}", flush=True)
         for event in audit.follow(after_seq=head):

@@ -374,6 +374,7 @@ class CallHandler:
                  printable(answer.approver), time.monotonic() - started)
         state.record.consent = "always" if answer.always else "approved" if answer.allowed else "denied"
         state.record.approver = answer.approver
+        state.record.waited_ms = round((time.monotonic() - started) * 1000, 1)
         if answer.allowed:
             return Decision("allow", "consent", f"approved by {answer.approver}")
         return Decision("deny", "consent", answer.reason or "the user did not approve it")

@@ -61,7 +61,8 @@ class ApprovalsConsent:
             if approval is None:
                 approval = {"id": new_id("ap_"), "agent": request.agent, "tool": request.tool,
                             "args_hash": request.args_hash, "arguments": request.arguments, "argv": request.argv,
-                            "created": time.time(), "status": "waiting", "why": request.reason,
+                            "created": time.time(), "expires": time.time() + self.timeout, "status": "waiting",
+                            "why": request.reason,
                             "rule": request.rule, "source": request.source, "agent_header": request.agent_header}
                 await store.add_approval(approval)
             log.warning("waiting for approval %s: %s, because %s (toolkeeper approve %s, or deny)", approval["id"],

@@ -35,7 +35,7 @@ log = logging.getLogger("toolkeeper")
 LEASE = 5.0  # seconds an unfinished attempt holds its call without renewing
 PURGE_EVERY = 200  # writes
 APPROVAL_FIELDS = "id, agent, tool, args_hash, body, status, approver, reason, updated, granted"
-BODY_FIELDS = ("arguments", "argv", "created", "why", "rule", "source", "agent_header")
+BODY_FIELDS = ("arguments", "argv", "created", "expires", "why", "rule", "source", "agent_header")
 GRANT_FIELDS = ("id", "agent", "tool", "approver", "created")
 ID_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: read aloud and typed by people
 
@@ -79,6 +79,11 @@ class Tokens:
         """(name, role) of a token in force."""
         rows = await self._fetch("SELECT name, role FROM tokens WHERE token_sha256 = ? AND revoked IS NULL",
                                  (hashlib.sha256(token.encode()).hexdigest(),))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    async def token_named(self: Any, name: str) -> tuple[str, str] | None:
+        """(role, SHA-256 of the token) of the token in force under `name`: a browser session is bound to it."""
+        rows = await self._fetch("SELECT role, token_sha256 FROM tokens WHERE name = ? AND revoked IS NULL", (name,))
         return (rows[0][0], rows[0][1]) if rows else None
 
     async def list_tokens(self: Any) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The HTTP side: the agent APIs' adapters, the upstream client, /toolkeeper/ (admin API, audit page), pass-through.
+"""The HTTP side: the agent APIs' adapters, the upstream client, /toolkeeper/ (admin API, console), pass-through.
 
 A new agent API is a new adapter here, translating to and from the engine's
 neutral turn; the engine gains nothing HTTP. This layer never picks a runner
@@ -6,8 +6,8 @@ or a policy: the composition root (`toolkeeper.app`) hands it what it serves.
 """
 
 from toolkeeper.wire.admin import AdminGuard, admin_app, approvals_api
-from toolkeeper.wire.auditpage import AuditPage
 from toolkeeper.wire.chat import ChatCompletions
+from toolkeeper.wire.console import Console
 from toolkeeper.wire.messages_items import anthropic_tool
 from toolkeeper.wire.otlp import OtlpExporter
 from toolkeeper.wire.responses_items import flat_tool
@@ -17,9 +17,9 @@ from toolkeeper.wire.upstream import Upstream, UpstreamError
 
 __all__ = [
     "AdminGuard",
-    "AuditPage",
     "ChatCompletions",
     "Check",
+    "Console",
     "OtlpExporter",
     "ScriptedModel",
     "Upstream",

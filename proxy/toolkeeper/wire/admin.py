@@ -2,19 +2,19 @@
 
     GET  /toolkeeper/approvals                    the calls waiting for a person
     POST /toolkeeper/approvals/{id}/approve|deny  an answer ({"always", "reason", "approver"})
-    GET  /toolkeeper/audit[/{id}]                 the audit page (wire/auditpage.py)
+    /toolkeeper/queue, /toolkeeper/audit, ...      the console, for people (wire/console/)
 
 No /toolkeeper/ request is ever forwarded to the model server: one that no
 route serves (a wrong method, an unknown path, no token configured) is
 answered here, so the admin token can never leave toolkeeper. A script sends
-`Authorization: Bearer $TOOLKEEPER_ADMIN_TOKEN`; a person signs in to the
-page once, which sets an HttpOnly, SameSite=Strict cookie holding an HMAC of
-the token (the server keeps no sessions).
+`Authorization: Bearer $TOOLKEEPER_ADMIN_TOKEN` (or a named token); a person
+signs in to the console once, which opens a browser session (sessions.py).
+A request that a session cookie authenticates and that changes anything must
+carry the session's CSRF key and come from toolkeeper's own origin.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import time
@@ -27,13 +27,14 @@ from toolkeeper.common import printable
 from toolkeeper.policy import RULE_SOURCES
 from toolkeeper.settings import TOKEN_VARIABLE
 from toolkeeper.store import Store, StoreError
+from toolkeeper.wire.sessions import SESSION_COOKIE, Sessions
 
 log = logging.getLogger("toolkeeper")
 
 PREFIX = "/toolkeeper"
-COOKIE = "toolkeeper_audit"
+SAFE_METHODS = ("GET", "HEAD")
 
-Refusal = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Refusal = Callable[[web.Request], Awaitable[web.StreamResponse | None]]  # None: the guard's own 401
 
 
 def json_error(status: int, message: str) -> web.Response:
@@ -41,19 +42,19 @@ def json_error(status: int, message: str) -> web.Response:
 
 
 # Who may reach what: a named token's role (`toolkeeper tokens add NAME --role ROLE`); the admin token is `admin`.
-ROLES = {PREFIX + "/approvals": {"approver", "admin"}, PREFIX + "/audit": {"auditor", "admin"}}
+ROLES = {PREFIX + "/approvals": {"approver", "admin"}, PREFIX + "/queue": {"approver", "admin"},
+         PREFIX + "/audit": {"auditor", "admin"}}
 MASTER = ("admin", "admin")  # the admin token (TOOLKEEPER_ADMIN_TOKEN): `tokens add` never gives out this name
 
 
 class AdminGuard:
-    """The one check of who calls: the admin token or a named token (a bearer header), or the audit page's session
-    cookie; then whether that role may reach the path."""
+    """The one check of who calls: the admin token or a named token (a bearer header), or a console session
+    cookie; then whether that role may reach the path, and, for a session's change, its CSRF key."""
 
     def __init__(self, token: str | None, store: Store | None = None):
         self.token = token
         self.store = store
-        self.session = (hmac.new(token.encode(), b"toolkeeper audit page", hashlib.sha256).hexdigest()
-                        if token else None)
+        self.sessions = Sessions(token, store) if token else None
         self.public: set[str] = set()  # paths anyone may reach: the sign-in form
         self.refusals: list[tuple[str, Refusal]] = []  # a page's own way of saying "sign in first"
 
@@ -66,10 +67,27 @@ class AdminGuard:
         if self.bearer(request):
             return MASTER
         given = given_token(request)
-        if given and self.store is not None:
-            return await self.store.token_holder(given)
-        if self.session and hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), self.session.encode()):
-            return MASTER
+        if given:
+            return await self.store.token_holder(given) if self.store is not None else None
+        cookie = request.cookies.get(SESSION_COOKIE, "")
+        if cookie and self.sessions is not None:
+            request["session"] = cookie
+            holder = await self.sessions.holder(cookie)
+            if holder is not None:
+                request["csrf"] = self.sessions.csrf(cookie)  # what the page's forms send back
+            return MASTER if holder == MASTER else holder
+        return None
+
+    async def forged(self, request: web.Request) -> str | None:
+        """Why a change a session cookie authenticates is refused: another site's origin, or no CSRF key."""
+        if "session" not in request or request.method in SAFE_METHODS or self.sessions is None:
+            return None
+        origin = request.headers.get("Origin")
+        if origin is not None and origin != f"{request.scheme}://{request.host}":
+            return f"a change from another origin ({printable(origin)}) is refused"
+        given = request.headers.get("X-CSRF-Token") or str((await request.post()).get("csrf", ""))
+        if not self.sessions.csrf_holds(request["session"], given):
+            return "the form's CSRF key is missing or stale: reload the page and try again"
         return None
 
     @web.middleware
@@ -83,13 +101,15 @@ class AdminGuard:
                 if who is not None and allowed is not None and who[1] not in allowed:
                     return json_error(403, f"{who[0]} ({who[1]}) may not reach {request.path}: it needs the "
                                            f"{' or '.join(sorted(allowed))} role")
+                if who is not None and (forged := await self.forged(request)):
+                    return json_error(403, forged)
                 request["identity"] = who
                 return await handler(request)
         except StoreError as exc:
             return json_error(503, f"the store did not answer: {exc}")
         for prefix, refuse in self.refusals:
-            if request.path.startswith(prefix):
-                return await refuse(request)
+            if request.path.startswith(prefix) and (answer := await refuse(request)) is not None:
+                return answer
         return json_error(401, f"a valid token is required (Authorization: Bearer ${TOKEN_VARIABLE}, or a named "
                                "token from `toolkeeper tokens add`)")
 
@@ -131,29 +151,12 @@ def approvals_api(store: Store) -> Callable[[web.Application], None]:
         body = await _json_object(request)
         if isinstance(body, web.Response):
             return body
-        approval = await store.get_approval(approval_id)
-        if approval is None:
-            return json_error(404, f"no approval {approval_id}")
         who = request.get("identity") or MASTER
         # a named token records its own name, whatever its role; the admin token, whom the caller says (--as)
         approver = str(body.get("approver") or "admin") if who == MASTER else who[0]
-        note = ""
-        if verb == "approve":
-            always = bool(body.get("always"))
-            if always and approval.get("source") in RULE_SOURCES:
-                always, note = False, "approved once: a security rule asked, and an always answer cannot lift it"
-            moved = await store.settle_approval(approval_id, "approved", approver, None,
-                                          granted="pending" if always else None)
-            if moved and always:
-                grant = await store.grant(approval["agent"], approval["tool"], approver)
-                await store.settle_approval(approval_id, "approved", None, None, only_from=("approved",), granted=grant)
-        else:
-            reason = str(body.get("reason") or "denied by " + approver)
-            moved = await store.settle_approval(approval_id, "denied", approver, reason)
-        if not moved:
-            return json_error(409, f"{approval_id} is {approval['status']}, not waiting")
-        log.info("approval %s: %s by %s", approval_id, verb, printable(approver))
-        return web.json_response({**(await store.get_approval(approval_id) or {}), **({"note": note} if note else {})})
+        status, said = await answer_approval(store, approval_id, approver, verb == "approve",
+                                             always=bool(body.get("always")), reason=str(body.get("reason") or ""))
+        return web.json_response(said, status=status) if status == 200 else json_error(status, said["error"])
 
     async def grants(request: web.Request) -> web.Response:
         return web.json_response({"grants": await store.grants()})
@@ -172,6 +175,30 @@ def approvals_api(store: Store) -> Callable[[web.Application], None]:
         app.router.add_post("/approvals/{id}/{verb:approve|deny}", answer)
 
     return add_routes
+
+
+async def answer_approval(store: Store, approval_id: str, approver: str, approve: bool, *, always: bool = False,
+                          reason: str = "") -> tuple[int, dict]:
+    """Approve (once, or always: the agent may use the tool from now on) or deny a waiting call, as `approver`:
+    (200, the approval) or (404 or 409, {"error": why})."""
+    approval = await store.get_approval(approval_id)
+    if approval is None:
+        return 404, {"error": f"no approval {approval_id}"}
+    note = ""
+    if approve:
+        if always and approval.get("source") in RULE_SOURCES:
+            always, note = False, "approved once: a security rule asked, and an always answer cannot lift it"
+        moved = await store.settle_approval(approval_id, "approved", approver, None,
+                                            granted="pending" if always else None)
+        if moved and always:
+            grant = await store.grant(approval["agent"], approval["tool"], approver)
+            await store.settle_approval(approval_id, "approved", None, None, only_from=("approved",), granted=grant)
+    else:
+        moved = await store.settle_approval(approval_id, "denied", approver, reason or "denied by " + approver)
+    if not moved:
+        return 409, {"error": f"{approval_id} is {approval['status']}, not waiting"}
+    log.info("approval %s: %s by %s", approval_id, "approved" if approve else "denied", printable(approver))
+    return 200, {**(await store.get_approval(approval_id) or {}), **({"note": note} if note else {})}
 
 
 async def _json_object(request: web.Request) -> dict | web.Response:

@@ -1,0 +1,124 @@
+"""The trail's index of calls: one row per call, its current state, for pages, filters and charts.
+
+The chain (`audit_events`) is the record. This table is derived from it, in
+the same transaction as each append, so that a page of 50 calls, a filter on
+the approver or a chart reads one indexed row per call instead of merging
+every event of the trail. It holds nothing the chain does not: `verify`
+derives it again from the chain and compares, so editing it to hide a call
+from a page shows as tampering. A trail written before the table existed is
+indexed when it is opened (`catch_up`).
+
+Pages are keyset pages (`first_seq < cursor`, newest first), never OFFSET:
+the hundredth page costs what the first does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolkeeper.common import canonical_json
+
+CALLS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS audit_calls (
+    record_id TEXT PRIMARY KEY,
+    first_seq BIGINT NOT NULL UNIQUE,   -- the call's first event: pages are keyed on it, newest first
+    last_seq BIGINT NOT NULL,           -- its last event: the state below is that event's
+    time {real} NOT NULL,
+    tool TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    status TEXT NOT NULL,
+    source TEXT NOT NULL DEFAULT '',    -- declared | agent
+    decision_source TEXT NOT NULL DEFAULT '',
+    rule TEXT,                          -- the security team's rule that decided
+    approver TEXT,
+    header TEXT,                        -- the identity header the deployment set
+    request_id TEXT NOT NULL DEFAULT '',
+    waited_ms {real},                   -- how long a person took to answer
+    arguments TEXT NOT NULL DEFAULT ''  -- as sent and as coerced (redacted), for the search
+);
+CREATE INDEX IF NOT EXISTS audit_calls_time ON audit_calls (time);
+CREATE INDEX IF NOT EXISTS audit_calls_request ON audit_calls (request_id);
+"""
+
+# Set by the call's first event (decided, refused or forwarded); later events move its state on.
+FIRST_COLUMNS = ("record_id", "first_seq", "last_seq", "time", "tool", "agent", "status", "source",
+                 "decision_source", "rule", "approver", "header", "request_id", "waited_ms", "arguments")
+STATE_COLUMNS = ("last_seq", "status")
+UPSERT = (f"INSERT INTO audit_calls ({', '.join(FIRST_COLUMNS)}) VALUES ({', '.join('?' * len(FIRST_COLUMNS))}) "  # noqa: S608
+          f"ON CONFLICT (record_id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in STATE_COLUMNS)} "
+          "WHERE audit_calls.last_seq < excluded.last_seq")
+
+# A filter's name, and the SQL test of one row it adds (one `?` each).
+EQUALS = ("tool", "status", "agent", "source", "decision_source", "rule", "approver", "header", "request_id")
+BOUNDS = {"since": "time >= ?", "until": "time < ?", "until_seq": "last_seq <= ?"}
+FILTERS = (*EQUALS, *BOUNDS, "search")
+PAGE_SIZE = 50
+
+
+def call_row(event: dict[str, Any], seq: int) -> tuple:
+    """The row one event writes (a first event fills it; a later one only moves last_seq and status on)."""
+    header = ((event.get("policy_input") or {}).get("agent") or {}).get("header")
+    arguments = "" if event.get("arguments_sent") is None and event.get("arguments") is None else (
+        canonical_json([event.get("arguments_sent"), event.get("arguments")]).decode())
+    return (event["record_id"], seq, seq, event["time"], event["tool"], event["agent"], event["status"],
+            event.get("source", ""), event.get("decision_source", ""), event.get("decision_rule"),
+            event.get("approver"), header if isinstance(header, str) else None, event.get("request_id", ""),
+            event.get("waited_ms"), arguments)
+
+
+def rows_of_chain(events: list[tuple[int, dict[str, Any]]]) -> dict[str, tuple]:
+    """What the table should hold for these (seq, event) pairs, in order: verify compares it with the table."""
+    rows: dict[str, tuple] = {}
+    for seq, event in events:
+        row = call_row(event, seq)
+        known = rows.get(row[0])
+        rows[row[0]] = row if known is None else (*known[:2], seq, *known[3:6], row[6], *known[7:])
+    return rows
+
+
+def where(filters: dict[str, Any]) -> tuple[str, list[Any]]:
+    """The WHERE clause choosing calls by their current state, and its parameters."""
+    tests, params = ["1 = 1"], []
+    for name in EQUALS:
+        if filters.get(name) is not None:
+            tests.append(f"{name} = ?")
+            params.append(filters[name])
+    for name, test in BOUNDS.items():
+        if filters.get(name) is not None:
+            tests.append(test)
+            params.append(filters[name])
+    if filters.get("search"):
+        # in the JSON of the arguments; LIKE's own wildcards in the text are taken literally
+        text = str(filters["search"]).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        tests.append("arguments LIKE ? ESCAPE '\\'")
+        params.append(f"%{text}%")
+    return " AND ".join(tests), params
+
+
+def page_query(filters: dict[str, Any], before: int | None, after: int | None, size: int) -> tuple[str, list]:
+    """The record ids of one page, newest first: older than `before`, or newer than `after` (read upwards)."""
+    clause, params = where(filters)
+    if after is not None:
+        return (f"SELECT record_id, first_seq FROM audit_calls WHERE {clause} AND first_seq > ? "  # noqa: S608
+                f"ORDER BY first_seq ASC LIMIT {int(size) + 1}", [*params, after])
+    if before is not None:
+        clause, params = f"{clause} AND first_seq < ?", [*params, before]
+    return (f"SELECT record_id, first_seq FROM audit_calls WHERE {clause} "  # noqa: S608
+            f"ORDER BY first_seq DESC LIMIT {int(size) + 1}", params)
+
+
+def chart_queries(since: float, until: float, buckets: int) -> dict[str, tuple[str, list]]:
+    """The charts' aggregates over [since, until): calls by time bucket and status, denials by rule, top tools,
+    and each answered approval's wait."""
+    span = (until - since) / buckets
+    window, bounds = "time >= ? AND time < ?", [since, until]
+    return {
+        "calls": (f"SELECT CAST((time - ?) / ? AS INTEGER), status, COUNT(*) FROM audit_calls WHERE {window} "  # noqa: S608
+                  "GROUP BY 1, 2", [since, span, *bounds]),
+        "denials": ("SELECT COALESCE(rule, decision_source), COUNT(*) FROM audit_calls WHERE status = 'denied' AND "  # noqa: S608
+                    f"{window} GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 10", bounds),
+        "tools": (f"SELECT tool, COUNT(*) FROM audit_calls WHERE {window} GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 10",  # noqa: S608
+                  bounds),
+        "waits": (f"SELECT time, waited_ms FROM audit_calls WHERE waited_ms IS NOT NULL AND {window} "  # noqa: S608
+                  "ORDER BY first_seq DESC LIMIT 500", bounds),
+    }

@@ -1,0 +1,138 @@
+"""The approvals queue, for approvers: what waits, answered in a click, live.
+
+    GET  /toolkeeper/queue                          the waiting calls and the always grants
+    GET  /toolkeeper/queue/live                     server-sent events: the queue as it changes
+    POST /toolkeeper/queue/{id}/approve|always|deny  an answer (form: csrf, and a reason to deny)
+    POST /toolkeeper/queue/grants/{id}/revoke        ends an always grant
+
+Each waiting call shows what a person needs to decide: the tool, its
+arguments (secrets already redacted by the engine) and argv, the rule and
+reason that asked, the agent and its identity header, how long it has waited
+and how long it has left. The live stream sends each waiting call's HTML
+(rendered and escaped here), so the page's script only adds and removes rows
+and never builds markup from a value; a row being answered is left as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import orjson
+from aiohttp import web
+
+from toolkeeper.store import Store
+from toolkeeper.wire.admin import MASTER, answer_approval
+from toolkeeper.wire.console.layout import csrf_field, field, link, page, show, when
+from toolkeeper.wire.sessions import Sessions
+
+LIVE_POLL = 1.0  # seconds between looks at the store for the live stream
+KEEPALIVE = 15.0
+VERBS = ("approve", "always", "deny")
+
+
+def _approval_html(approval: dict, request: web.Request) -> str:
+    approval_id = approval["id"]
+    why = approval.get("why") or ""
+    rule = approval.get("rule") or approval.get("source") or ""
+    details = "".join([
+        field("agent", approval.get("agent")),
+        field("identity header", approval.get("agent_header")),
+        field("asked by", rule),
+        field("why", why),
+        field("arguments", approval.get("arguments"), block=True),
+        field("argv", approval.get("argv")),
+        field("asked at", when(approval.get("created"))),
+    ])
+    expires = approval.get("expires")
+    forms = "".join(
+        f"<form method=post action='{link(f'/queue/{approval_id}/{verb}')}'>{csrf_field(request)}{extra}"
+        f"<button type=submit name=verb value={verb}>{label}</button></form>"
+        for verb, label, extra in (
+            ("approve", "Approve", ""), ("always", "Approve always", ""),
+            ("deny", "Deny", "<label>reason<input name=reason size=28 maxlength=500></label>")))
+    return (f"<section class=approval data-approval='{show(approval_id)}' data-created='{approval.get('created', 0)}'"
+            f" data-expires='{expires or ''}'><h2>{show(approval['tool'])} <small>{show(approval_id)} · "
+            f"waiting <span class=age></span>{' · <span class=left></span> left' if expires else ''}</small></h2>"
+            f"<dl>{details}</dl><div class=actions>{forms}</div></section>")
+
+
+def _grants_html(grants: list[dict], request: web.Request) -> str:
+    if not grants:
+        return "<p>No always grants in force.</p>"
+    rows = "".join(
+        f"<tr class=grant><td>{show(g['agent'])}</td><td>{show(g['tool'])}</td><td>{show(g['approver'])}</td>"
+        f"<td>{show(when(g['created']))}</td><td><form method=post action='{link('/queue/grants/' + g['id'])}"
+        f"/revoke'>{csrf_field(request)}<button type=submit>Revoke</button></form></td></tr>" for g in grants)
+    return ("<table><thead><tr><th>agent</th><th>tool</th><th>granted by</th><th>since</th><th></th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
+
+
+class QueuePage:
+    def __init__(self, store: Store, sessions: Sessions, closing: asyncio.Event):
+        self.store = store
+        self.sessions = sessions
+        self.closing = closing  # set when toolkeeper stops: live streams end rather than hold the stop up
+
+    def __call__(self, app: web.Application) -> None:
+        app.router.add_get("/queue", self.queue)
+        app.router.add_get("/queue/live", self.live)
+        app.router.add_post("/queue/grants/{id}/revoke", self.revoke)
+        app.router.add_post("/queue/{id}/{verb:approve|always|deny}", self.answer)
+
+    async def queue(self, request: web.Request) -> web.Response:
+        waiting = await self.store.list_approvals("waiting")
+        grants = await self.store.grants()
+        said = request.query.get("said", "")
+        notice = f"<p class=notice role=status>{show(said)}</p>" if said else ""
+        rows = "".join(_approval_html(a, request) for a in waiting)
+        body = (f"{notice}<p id=empty{' hidden' if waiting else ''}>No call is waiting.</p>"
+                f"<div id=queue data-live='{link('/queue/live')}'>{rows}</div>"
+                f"<h2>Always grants</h2><div id=grants>{_grants_html(grants, request)}</div>")
+        return page(request, "Calls waiting for approval", body)
+
+    async def live(self, request: web.Request) -> web.StreamResponse:
+        """The queue as server-sent events: one `queue` event at once, then one each time it changes."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                                "Cache-Control": "no-store"})
+        await response.prepare(request)
+        last, quiet, checked = b"", 0.0, time.monotonic()
+        while not self.closing.is_set():
+            if "session" in request and time.monotonic() - checked > 30:  # a revoked token ends its streams
+                if await self.sessions.holder(request["session"]) is None:
+                    break
+                checked = time.monotonic()
+            waiting, grants = await self.store.list_approvals("waiting"), await self.store.grants()
+            event = orjson.dumps({"rows": [{"id": a["id"], "html": _approval_html(a, request)} for a in waiting],
+                                  "grants": _grants_html(grants, request)})
+            if event != last:
+                await response.write(b"event: queue\ndata: " + event + b"\n\n")
+                last, quiet = event, 0.0
+            elif quiet >= KEEPALIVE:
+                await response.write(b": keep-alive\n\n")
+                quiet = 0.0
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LIVE_POLL):
+                    await self.closing.wait()
+            quiet += LIVE_POLL
+        return response
+
+    async def answer(self, request: web.Request) -> web.Response:
+        approval_id, verb = request.match_info["id"], request.match_info["verb"]
+        form = await request.post()
+        who = request.get("identity") or MASTER
+        status, said = await answer_approval(self.store, approval_id, who[0], verb != "deny",
+                                             always=verb == "always", reason=str(form.get("reason", ""))[:500])
+        if status != 200:
+            message = said["error"]
+        else:
+            message = f"{approval_id} ({said['tool']}) {said['status']} by {who[0]}" + (
+                f": {said['note']}" if said.get("note") else "")
+        raise web.HTTPSeeOther(link("/queue", {"said": message}).replace("&amp;", "&"))
+
+    async def revoke(self, request: web.Request) -> web.Response:
+        grant_id = request.match_info["id"]
+        revoked = await self.store.revoke(grant_id)
+        message = f"always grant {grant_id} revoked" if revoked else f"no always grant {grant_id} in force"
+        raise web.HTTPSeeOther(link("/queue", {"said": message}).replace("&amp;", "&"))

@@ -1,0 +1,176 @@
+"""The trail, for auditors: every call, filtered, paged, opened, exported, and the chain verified.
+
+    GET  /toolkeeper/audit                   calls, newest first, 50 a page (keyset: ?before=N / ?after=N)
+    GET  /toolkeeper/audit/export            the current filter as JSONL or CSV (?format=jsonl|csv)
+    POST /toolkeeper/audit/verify            walks the chain now and says what it found
+    GET  /toolkeeper/audit/{id}              one call in full, with the other calls of its request
+
+Filters: time range (since/until, or a preset), tool, status, source
+(declared or the agent's own), decision source, rule, approver, agent,
+identity header, and a search in the arguments. Every read runs in a thread
+on the trail's read connection, so a page never stalls the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+
+from toolkeeper.audit import STATUSES, AuditEntry, SQLAudit
+from toolkeeper.wire.console.layout import csrf_field, field, link, options, page, show, when
+
+PRESETS = {"1h": 3600, "24h": 86400, "7d": 604800, "30d": 2592000}
+SOURCES = ("declared", "agent")
+CHOICES = ("tool", "decision_source", "rule", "approver", "header")  # filters offered as a list of what is there
+TEXTS = ("agent", "search", "request_id")
+EXPORTS = {"jsonl": "application/x-ndjson", "csv": "text/csv"}
+
+
+def _time(text: str) -> float | None:
+    """A time a person typed (2026-12-01T09:00, with or without a zone; none means the server's)."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo else moment.astimezone()).timestamp()
+
+
+def filters_of(query: Any) -> dict[str, Any]:
+    """The trail's filters from a page's query string; what does not parse is left out."""
+    chosen: dict[str, Any] = {name: query.get(name) or None for name in (*CHOICES, *TEXTS)}
+    chosen["status"] = query.get("status") if query.get("status") in STATUSES else None
+    chosen["source"] = query.get("source") if query.get("source") in SOURCES else None
+    preset = PRESETS.get(query.get("last", ""))
+    chosen["since"] = time.time() - preset if preset else _time(query.get("since", ""))
+    chosen["until"] = _time(query.get("until", ""))
+    return {name: value for name, value in chosen.items() if value is not None}
+
+
+def _decided_by(record: AuditEntry) -> str:
+    return record.decision_rule or record.decision_source or ""
+
+
+def _header_of(record: AuditEntry) -> str:
+    return str(((record.policy_input or {}).get("agent") or {}).get("header") or "")
+
+
+def _row(record: AuditEntry) -> str:
+    agent_tool = " <small>agent's</small>" if record.source == "agent" else ""
+    return (f"<tr class=record><td><a href='{link('/audit/' + record.record_id)}'>{show(when(record.time))}</a></td>"
+            f"<td class='{show(record.status)} status'>{show(record.status)}</td>"
+            f"<td class=tool>{show(record.tool)}{agent_tool}</td><td>{record.duration_ms:.1f} ms</td>"
+            f"<td>{show(record.decision)} <small>{show(_decided_by(record))}</small></td>"
+            f"<td class=approver>{show(record.approver or '')}</td><td class=header>{show(_header_of(record))}</td>"
+            f"<td><code>{show(record.agent)}</code></td></tr>")
+
+
+class TrailPages:
+    def __init__(self, audit: SQLAudit):
+        self.audit = audit
+
+    def __call__(self, app: web.Application) -> None:
+        app.router.add_get("/audit", self.listing)
+        app.router.add_get("/audit/export", self.export)
+        app.router.add_post("/audit/verify", self.verify)
+        app.router.add_get("/audit/{id}", self.detail)
+
+    def _form(self, query: Any, choices: dict[str, list[str]]) -> str:
+        def pick(name: str, label: str, values: Any) -> str:
+            return f"<label>{label}<select name={name}>{options(values, query.get(name))}</select></label>"
+
+        def text(name: str, label: str, size: int = 14, kind: str = "text") -> str:
+            value = show(query.get(name, ""))
+            return f"<label>{label}<input type={kind} name={name} value='{value}' size={size}></label>"
+
+        return (f"<form class=filters method=get action='{link('/audit')}'>"
+                f"<label>last<select name=last>{options(PRESETS, query.get('last'), 'any time')}</select></label>"
+                f"{text('since', 'from', 16, 'datetime-local')}{text('until', 'to', 16, 'datetime-local')}"
+                f"{pick('tool', 'tool', choices['tool'])}{pick('status', 'status', STATUSES)}"
+                f"{pick('source', 'source', SOURCES)}"
+                f"{pick('decision_source', 'decided by', choices['decision_source'])}"
+                f"{pick('rule', 'rule', choices['rule'])}{pick('approver', 'approver', choices['approver'])}"
+                f"{pick('header', 'identity header', choices['header'])}{text('agent', 'agent')}"
+                f"{text('search', 'arguments contain', 18)}<button type=submit>Filter</button>"
+                f"<a href='{link('/audit')}'>clear</a></form>")
+
+    def _read(self, filters: dict[str, Any], before: int | None, after: int | None) -> tuple:
+        choices = {name: self.audit.distinct(name) for name in CHOICES}
+        return self.audit.page(filters, before, after), self.audit.count(**filters), self.audit.head(), choices
+
+    async def listing(self, request: web.Request) -> web.Response:
+        query = request.query
+        filters = filters_of(query)
+        before, after = (int(query[k]) if query.get(k, "").isdigit() else None for k in ("before", "after"))
+        shown, total, (seq, head), choices = await asyncio.to_thread(self._read, filters, before, after)
+        kept = {k: v for k, v in query.items() if k not in ("before", "after")}
+        paging = "".join([
+            f"<a href='{link('/audit', kept)}'>newest</a>" if shown.newer is not None else "",
+            f"<a rel=prev href='{link('/audit', {**kept, 'after': shown.newer})}'>newer</a>"
+            if shown.newer is not None else "",
+            f"<a rel=next href='{link('/audit', {**kept, 'before': shown.older})}'>older</a>"
+            if shown.older is not None else ""])
+        exports = " ".join(f"<a download href='{link('/audit/export', {**kept, 'format': f})}'>{f.upper()}</a>"
+                           for f in EXPORTS)
+        chain = (f"<form method=post action='{link('/audit/verify')}'>{csrf_field(request)}Chain head "
+                 f"<code id=head>{head[:16]}</code> (event {seq}) <button type=submit>Verify now</button></form>")
+        table = ("<table><thead><tr><th>time</th><th>status</th><th>tool</th><th>duration</th><th>decision</th>"
+                 "<th>approver</th><th>identity header</th><th>agent</th></tr></thead>"
+                 f"<tbody>{''.join(_row(r) for r in shown.entries)}</tbody></table>")
+        body = (f"{self._form(query, choices)}<p><span id=total>{total}</span> calls match · export {exports}</p>"
+                f"{chain}<nav class=paging>{paging}</nav>{table}<nav class=paging>{paging}</nav>")
+        return page(request, "Audit trail", body)
+
+    async def export(self, request: web.Request) -> web.Response:
+        fmt = request.query.get("format", "jsonl")
+        if fmt not in EXPORTS:
+            raise web.HTTPBadRequest(text=f"format is one of {', '.join(EXPORTS)}")
+        text = await asyncio.to_thread(self.audit.export, fmt, **filters_of(request.query))
+        name = f"toolkeeper-audit-{time.strftime('%Y%m%d-%H%M%S')}.{fmt}"
+        return web.Response(text=text, content_type=EXPORTS[fmt],
+                            headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+    async def verify(self, request: web.Request) -> web.Response:
+        started = time.monotonic()
+        intact, what = await asyncio.to_thread(self.audit.verify)
+        verdict = "intact" if intact else "TAMPERED"
+        body = (f"<p id=verdict class={'ok' if intact else 'failed'}>{verdict}: {show(what)}</p>"
+                f"<p><small>walked in {time.monotonic() - started:.2f} s, {show(when(time.time()))}</small></p>"
+                f"<p><a href='{link('/audit')}'>back to the trail</a></p>")
+        return page(request, "Chain verified" if intact else "Chain broken", body)
+
+    async def detail(self, request: web.Request) -> web.Response:
+        record_id = request.match_info["id"]
+        record = await asyncio.to_thread(self.audit.record, record_id)
+        if record is None:
+            return page(request, "Not found", "<p>No such call.</p>", status=404)
+        siblings = await asyncio.to_thread(self.audit.records, request_id=record.request_id, limit=200) \
+            if record.request_id else []
+        ran_by_the_agent = "one of the agent's own tools"
+        fields = "".join([
+            field("tool", f"{record.tool} ({record.runner or ran_by_the_agent})"), field("status", record.status),
+            field("time", when(record.time)), field("agent", record.agent),
+            field("identity header", _header_of(record)), field("request", record.request_id),
+            field("arguments as sent", record.arguments_sent), field("arguments as coerced", record.arguments),
+            field("argv", record.argv),
+            field("decision", f"{record.decision} by {_decided_by(record)}" if record.decision else ""),
+            field("reason", record.decision_reason), field("policy revision", record.policy_revision),
+            field("approver", record.approver),
+            field("waited for the answer", f"{record.waited_ms / 1000:.1f} s" if record.waited_ms else ""),
+            field("exit status", record.exit_code), field("trap", record.trap),
+            field("duration", f"{record.duration_ms:.1f} ms"),
+            field("output", f"{record.output_bytes} bytes, sha256 {record.output_sha256}"
+                  if record.output_sha256 else ""),
+            field("answer (excerpt)", record.answer, block=True), field("redacted", ", ".join(record.redacted)),
+            field("record id", record.record_id),
+        ])
+        others = "".join(f"<li class=sibling><a href='{link('/audit/' + r.record_id)}'>{show(r.tool)}</a> "
+                         f"{show(r.status)} <small>{show(when(r.time))}</small></li>"
+                         for r in siblings if r.record_id != record.record_id)
+        same = (f"<h2>Other calls of the same request</h2><ul id=siblings>{others}</ul>"
+                f"<p><a href='{link('/audit', {'request_id': record.request_id})}'>all of them in the list</a></p>"
+                if others else "")
+        return page(request, f"{record.tool} {record.status}", f"<dl>{fields}</dl>{same}")
