@@ -492,3 +492,61 @@ def test_a_damaged_trail_is_reported_not_a_traceback(tmp_path):
     run = subprocess.run([sys.executable, "-m", "toolkeeper", "audit", "--db", where, "list"],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert run.returncode == 1 and "the trail was altered" in run.stderr and "Traceback" not in run.stderr
+
+
+def _calls(audit, count: int, start: float) -> None:
+    for i in range(count):
+        record = ExecutionRecord(tool=("lookup", "release")[i % 2], runner="argv", call_id=f"c{i}", time=start + i,
+                                 request_id=f"q{i // 2}", arguments={"word": f"w{i}%_"}, status="ok",
+                                 approver="ada" if i % 3 == 0 else None, waited_ms=1500.0 if i % 3 == 0 else None,
+                                 policy_input={"agent": {"header": "blue" if i % 4 == 0 else None}})
+        if i % 5 == 0:
+            record.status, record.decision_rule = "denied", "no-friday"
+            audit.refused(record)
+        else:
+            audit.decided(record)
+            audit.completed(record)
+
+
+@STORES
+def test_pages_filters_and_charts_read_the_index_of_calls(tmp_path, kind):
+    with fresh_trail(kind, tmp_path) as where:
+        audit = open_audit(where)
+        start = time.time() - 3600
+        _calls(audit, 120, start)
+        first = audit.page({}, size=50)
+        assert [e.call_id for e in first.entries][:2] == ["c119", "c118"] and first.newer is None
+        second = audit.page({}, before=first.older, size=50)
+        third = audit.page({}, before=second.older, size=50)
+        assert len(third.entries) == 20 and third.older is None and third.entries[-1].call_id == "c0"
+        back = audit.page({}, after=second.newer, size=50)
+        assert [e.call_id for e in back.entries] == [e.call_id for e in first.entries] and back.newer is None
+        assert audit.count(approver="ada") == 40 and audit.count(header="blue") == 30
+        assert audit.count(rule="no-friday", status="denied") == 24 and audit.count(request_id="q7") == 2
+        assert audit.count(search="w11") == 1 + 10 and audit.count(search="w11%_") == 1
+        assert audit.count(search="w1_") == 0  # LIKE's own wildcards are taken as text
+        assert audit.count(since=start + 100, until=start + 110) == 10
+        assert {e.call_id for e in audit.records(approver="ada", header="blue")} == {f"c{i}" for i in range(0, 120, 12)}
+        charts = audit.charts(start, start + 120, 12)
+        assert sum(n for _, _, n in charts["calls"]) == 120 and {b for b, _, _ in charts["calls"]} == set(range(12))
+        assert charts["denials"] == [("no-friday", 24)] and dict(charts["tools"]) == {"lookup": 60, "release": 60}
+        assert len(charts["waits"]) == 40
+        assert audit.verify()[0]
+        audit.close()
+
+
+@STORES
+def test_a_trail_from_before_the_index_is_indexed_when_opened(tmp_path, kind):
+    with fresh_trail(kind, tmp_path) as where:
+        audit = open_audit(where)
+        _calls(audit, 30, time.time())
+        audit.close()
+        tamper(where, "DROP TABLE audit_calls")  # as an earlier release left it
+        audit = open_audit(where)
+        assert audit.count() == 30 and audit.count(approver="ada") == 10 and audit.verify()[0]
+        audit.close()
+        tamper(where, "UPDATE audit_calls SET approver = NULL WHERE approver = 'ada'")  # hide who approved
+        audit = open_audit(where)
+        intact, what = audit.verify()
+        assert not intact and "index of calls" in what and "approver" in what
+        audit.close()

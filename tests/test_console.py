@@ -261,8 +261,8 @@ def seed(path: Path, now: float) -> dict[str, int]:
         elif i % 13 == 0:
             record.approver, record.waited_ms, record.consent = "ada", 1000.0 + i % 5000, "approved"
             record.decision_source, record.decision_reason = "consent", "approved by ada"
-        record.duration_ms = 3.0 + i % 40
             counts["ada"] += 1
+        record.duration_ms = 3.0 + i % 40
         if record.status == "denied":
             audit.refused(record)
         else:

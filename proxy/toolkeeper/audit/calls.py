@@ -107,13 +107,14 @@ def page_query(filters: dict[str, Any], before: int | None, after: int | None, s
             f"ORDER BY first_seq DESC LIMIT {int(size) + 1}", params)
 
 
-def chart_queries(since: float, until: float, buckets: int) -> dict[str, tuple[str, list]]:
+def chart_queries(since: float, until: float, buckets: int, floor: str) -> dict[str, tuple[str, list]]:
     """The charts' aggregates over [since, until): calls by time bucket and status, denials by rule, top tools,
-    and each answered approval's wait."""
+    and each answered approval's wait. `floor`: the dialect's integer floor of `{}`."""
     span = (until - since) / buckets
     window, bounds = "time >= ? AND time < ?", [since, until]
+    bucket = floor.format("(time - ?) / ?")
     return {
-        "calls": (f"SELECT CAST((time - ?) / ? AS INTEGER), status, COUNT(*) FROM audit_calls WHERE {window} "  # noqa: S608
+        "calls": (f"SELECT {bucket}, status, COUNT(*) FROM audit_calls WHERE {window} "  # noqa: S608
                   "GROUP BY 1, 2", [since, span, *bounds]),
         "denials": ("SELECT COALESCE(rule, decision_source), COUNT(*) FROM audit_calls WHERE status = 'denied' AND "  # noqa: S608
                     f"{window} GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 10", bounds),

@@ -53,6 +53,7 @@ class SQLiteAudit(SQLAudit):
 
 
 class PostgresAudit(SQLAudit):
+    floor = "CAST(FLOOR({}) AS INTEGER)"
     lock_chain = "SELECT pg_advisory_xact_lock(7335001)"
     remote = True
     placeholder = "%s"

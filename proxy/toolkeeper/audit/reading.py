@@ -29,6 +29,8 @@ class Page:
 
 
 class TrailReader:
+    floor = "CAST({} AS INTEGER)"  # SQLite's cast truncates; PostgreSQL's rounds, so its dialect says FLOOR
+
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
         raise NotImplementedError
 
@@ -98,7 +100,8 @@ class TrailReader:
 
     def charts(self, since: float, until: float, buckets: int) -> dict[str, list[tuple]]:
         """The aggregates the console draws (calls.chart_queries), each as rows."""
-        return {name: self._query(sql, params) for name, (sql, params) in chart_queries(since, until, buckets).items()}
+        queries = chart_queries(since, until, buckets, self.floor)
+        return {name: self._query(sql, params) for name, (sql, params) in queries.items()}
 
     def record(self, record_id: str) -> AuditEntry | None:
         rows = self._query("SELECT seq, body FROM audit_events WHERE record_id = ? ORDER BY seq", (record_id,))

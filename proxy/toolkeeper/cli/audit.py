@@ -54,6 +54,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("--agent", help="only calls of this agent (its name, or the hash the records show)")
         sub.add_argument("--source", choices=["declared", "agent"],
                          help="declared calls (toolkeeper ran them), or the agent's own (passed on or refused)")
+        sub.add_argument("--decided-by", dest="decision_source",
+                         help="only calls this decided: yolo, tiers, rules, opa, consent, ...")
+        sub.add_argument("--request", dest="request_id", help="only the calls of this agent request (its id)")
+        sub.add_argument("--search", help="only calls whose arguments contain this text")
     export.add_argument("--format", choices=FORMATS, default="jsonl",
                         help="jsonl (default), csv (times in ISO 8601 with their zone), opa (OPA decision log "
                         "events), or otel (OpenTelemetry spans, OTLP/JSON)")
@@ -135,7 +139,8 @@ def tail(audit: SQLAudit, args: argparse.Namespace) -> int:
 def _filters(args: argparse.Namespace) -> dict:
     return {"since": since(args.since), "until": since(args.until, "--until"), "tool": args.tool,
             "status": args.status, "agent": args.agent, "source": args.source, "approver": args.approver,
-            "rule": args.rule, "header": args.header}
+            "rule": args.rule, "header": args.header, "decision_source": args.decision_source,
+            "request_id": args.request_id, "search": args.search}
 
 
 def export(audit: SQLAudit, args: argparse.Namespace) -> int:

@@ -90,7 +90,7 @@ class OriginGuard:
 
 
 def _own_page(origin: str, request: web.Request) -> bool:
-    """A page toolkeeper served on a loopback address posting back to it (the audit page's sign-in).
+    """A page toolkeeper served on a loopback address posting back to it (the console's sign-in).
 
     The host must be a loopback name or address: a DNS-rebinding page has its own name in `Host`.
     """

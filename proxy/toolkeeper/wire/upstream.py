@@ -21,7 +21,7 @@ from toolkeeper.wire.sse import EventSplitter, EventTooLarge
 MAX_EVENT_BYTES = 8 * 2**20
 MAX_RESPONSE_BYTES = 64 * 2**20
 
-OWN_COOKIE = "toolkeeper_"  # the prefix of toolkeeper's cookies (the audit page's session): never forwarded
+OWN_COOKIE = "toolkeeper_"  # the prefix of toolkeeper's cookies (the console's session): never forwarded
 
 # Headers that belong to one connection, or that aiohttp sets itself.
 HOP_BY_HOP = frozenset(
