@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from http.client import HTTPConnection, HTTPException
 from pathlib import Path
@@ -102,8 +103,9 @@ class LoadBalancer:
 class Cluster:
     """What a test talks to: one URL in front (the balancer, or the workers' port), the processes behind it."""
 
-    def __init__(self, kind: str, directory: Path, front: str, processes: list[Process], audit: str):
+    def __init__(self, kind: str, directory: Path, front: str, processes: list[Process], audit: str, store: str):
         self.kind = kind
+        self.store = store
         self.directory = directory
         self.front = front.removesuffix("/v1")
         self.processes = processes
@@ -147,7 +149,7 @@ def replicas(scripted, directory: Path):
                                       env={"TOOLKEEPER_ADMIN_TOKEN": TOKEN}) for _ in range(2)]
         balancer = LoadBalancer(directory, [p.url.removesuffix("/v1") for p in processes])
         try:
-            yield Cluster("replicas", directory, balancer.url, processes, url)
+            yield Cluster("replicas", directory, balancer.url, processes, url, url)
         finally:
             balancer.stop()
             for process in processes:
@@ -160,7 +162,7 @@ def workers(scripted, directory: Path):
                                env={"TOOLKEEPER_ADMIN_TOKEN": TOKEN})
     try:
         yield Cluster("workers", directory, process.url, [process],
-                      str(directory / "toolkeeper-audit.sqlite3"))
+                      str(directory / "toolkeeper-audit.sqlite3"), str(directory / "toolkeeper.sqlite3"))
     finally:
         process.stop()
 
@@ -250,6 +252,32 @@ def test_a_call_waiting_on_one_process_is_approved_through_another(scripted, clu
     assert started - approved_at < 0.5, started - approved_at
     record = next(r for r in cluster.records(tool="release") if r["arguments"]["version"] == version)
     assert record["consent"] == "approved" and record["status"] == "ok"
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def test_a_console_session_opened_on_one_process_works_on_the_other(scripted, cluster):
+    """The session is a signed cookie bound to its token in the shared store: any process accepts it, and the
+    trail's pages read the shared trail (PostgreSQL for replicas)."""
+    added = subprocess.run([sys.executable, "-m", "toolkeeper", "tokens", "add", f"eve{cluster.kind}", "--role",
+                            "auditor", "--store", cluster.store], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert added.returncode == 0, added.stderr
+    token = added.stdout.split(": ", 1)[1].strip()
+    opener = urllib.request.build_opener(NoRedirect)
+    sign_in = urllib.request.Request(cluster.replicas[0] + "/toolkeeper/sign-in", method="POST",
+                                     data=urllib.parse.urlencode({"token": token}).encode())
+    with pytest.raises(urllib.error.HTTPError) as redirected:
+        opener.open(sign_in, timeout=10)
+    with redirected.value:
+        assert redirected.value.code == 303
+        cookie = redirected.value.headers["Set-Cookie"].split(";", 1)[0]
+    page = urllib.request.Request(cluster.replicas[-1] + "/toolkeeper/audit?last=24h", headers={"Cookie": cookie})
+    with urllib.request.urlopen(page, timeout=10) as answer:
+        html = answer.read().decode()
+    assert "calls match" in html and "eve" + cluster.kind in html
 
 
 def test_the_audit_chain_stays_intact_under_both_processes_writing(scripted, cluster):
