@@ -20,8 +20,8 @@ from toolkeeper.common import canonical_json
 
 CALLS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS audit_calls (
-    record_id TEXT PRIMARY KEY,
-    first_seq BIGINT NOT NULL UNIQUE,   -- the call's first event: pages are keyed on it, newest first
+    first_seq {key},                    -- the call's first event: pages are keyed on it, newest first
+    record_id TEXT NOT NULL UNIQUE,
     last_seq BIGINT NOT NULL,           -- its last event: the state below is that event's
     time {real} NOT NULL,
     tool TEXT NOT NULL,

@@ -36,9 +36,13 @@ class SQLiteAudit(SQLAudit):
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=WRITE_WAIT)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA.format(serial="INTEGER PRIMARY KEY AUTOINCREMENT", real="REAL", blob="BLOB"))
-        # WAL: this one reads while the other writes
-        self._reader = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=WRITE_WAIT)
+        self._db.executescript(SCHEMA.format(serial="INTEGER PRIMARY KEY AUTOINCREMENT", key="INTEGER PRIMARY KEY",
+                                             real="REAL", blob="BLOB"))
+        if self.path == ":memory:":  # another connection would open another, empty database
+            self._reader, self._read_lock = self._db, self._lock
+        else:  # WAL: this one reads while the other writes
+            self._reader = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                           timeout=WRITE_WAIT)
         self.catch_up()
 
     def connection(self) -> sqlite3.Connection:
@@ -49,7 +53,8 @@ class SQLiteAudit(SQLAudit):
 
     def close(self) -> None:
         super().close()
-        self._reader.close()
+        if self._reader is not self._db:
+            self._reader.close()
 
 
 class PostgresAudit(SQLAudit):
@@ -90,7 +95,8 @@ class PostgresAudit(SQLAudit):
             if schema:
                 with db.transaction():
                     db.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
-                    db.execute(SCHEMA.format(serial="BIGSERIAL PRIMARY KEY", real="DOUBLE PRECISION", blob="BYTEA"))
+                    db.execute(SCHEMA.format(serial="BIGSERIAL PRIMARY KEY", key="BIGINT PRIMARY KEY",
+                                             real="DOUBLE PRECISION", blob="BYTEA"))
         except psycopg.Error as exc:
             raise AuditError(f"cannot open the audit trail at {without_password(self.path)}: {exc}") from exc
         return db
