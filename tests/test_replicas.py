@@ -349,7 +349,7 @@ def test_a_retry_does_not_hang_on_a_call_left_running_by_a_dead_process(scripted
         first, second = (start_toolkeeper(tmp_path / "agent.yaml", scripted.base_url, "--store", url, "--audit", url)
                          for _ in range(2))
         try:
-            cluster = Cluster("replicas", tmp_path, first.url, [first, second], url)
+            cluster = Cluster("replicas", tmp_path, first.url, [first, second], url, url)
             messages = [{"role": "user", "content": f"Do {word}."}]
 
             def first_attempt() -> None:

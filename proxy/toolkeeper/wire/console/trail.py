@@ -59,7 +59,7 @@ def _header_of(record: AuditEntry) -> str:
 
 
 def _row(record: AuditEntry) -> str:
-    agent_tool = " <small>agent's</small>" if record.source == "agent" else ""
+    agent_tool = " <small>agent</small>" if record.source == "agent" else ""
     return (f"<tr class=record><td><a href='{link('/audit/' + record.record_id)}'>{show(when(record.time))}</a></td>"
             f"<td class='{show(record.status)} status'>{show(record.status)}</td>"
             f"<td class=tool>{show(record.tool)}{agent_tool}</td><td>{record.duration_ms:.1f} ms</td>"
