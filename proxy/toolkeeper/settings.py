@@ -80,6 +80,10 @@ class Settings:
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
     admin_token: str | None = option(None, f"the admin API's token, from ${TOKEN_VARIABLE}", flag=False,
                                      secret=True)
+    intercept_secret: str | None = option(None, "the key `toolkeeper intercept` signs X-Toolkeeper-Upstream with "
+                                                "(it sets it for the toolkeeper it starts)", flag=False, secret=True)
+    intercept_upstreams: tuple[str, ...] = option((), "the origins (https://host) `toolkeeper intercept` routes: "
+                                                      "the only upstreams a signed header may name", flag=False)
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

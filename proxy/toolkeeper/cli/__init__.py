@@ -1,6 +1,7 @@
 """The `toolkeeper` command: one module per command, each adding its parser and running it.
 
     serve       run the proxy in front of the agent file's upstream
+    intercept   the same for an agent that cannot change its base URL, through mitmproxy
     demo        the example agent file against a built-in offline model
     approvals | approve | deny   answer the calls waiting for a person
     tokens      named tokens for approvers and auditors
@@ -14,9 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from toolkeeper.cli import approvals, audit, authoring, demo, evaluation, policy, serve, tokens
+from toolkeeper.cli import approvals, audit, authoring, demo, evaluation, intercept, policy, serve, tokens
 
-COMMANDS = (serve, demo, approvals, tokens, audit, policy, authoring, evaluation)
+COMMANDS = (serve, intercept, demo, approvals, tokens, audit, policy, authoring, evaluation)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(commands)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # after `--`: options for the toolkeeper `intercept` starts, passed on as they are
+    argv, after = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser.parse_args(argv)
+    if after and not hasattr(args, "serve_options"):
+        parser.error(f"{args.command} takes no options after --")
+    args.serve_options = after
     return args.run(args)
 
 

@@ -24,6 +24,7 @@ from toolkeeper.common import dumps
 from toolkeeper.engine import Event, TurnResult, Visible
 from toolkeeper.wire.agentapi import AgentAPI, TurnWriter, bad_request, error_response, whole_turn
 from toolkeeper.wire.chat_stream import of_json_type
+from toolkeeper.wire.intercepted import upstream_for
 from toolkeeper.wire.upstream import UpstreamError
 
 DONE = b"data: [DONE]\n\n"
@@ -108,7 +109,8 @@ class ChatCompletions(AgentAPI):
                 self.engine.active_tools(body) or (body.get("tools") and self.engine.calls.policy.governs_agents)):
             return bad_request("n > 1 cannot be combined with declared tools or governed tool calls: only the "
                                "first choice is checked; send n = 1", "n_not_supported")
-        events = self.engine.run(body, self.upstream.model(request.headers), self.context(request, raw))
+        model = upstream_for(request, self.upstream).model(request.headers, request.query_string)
+        events = self.engine.run(body, model, self.context(request, raw))
         if body.get("stream"):
             return await StreamWriter(request, body, self.keepalive).relay(events)
         return await self._whole(body, events)

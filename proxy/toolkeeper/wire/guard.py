@@ -26,7 +26,7 @@ from aiohttp import web
 
 from toolkeeper.common import sha256_hex
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
-from toolkeeper.wire.upstream import error_body
+from toolkeeper.wire.upstream import ROUTED, error_body
 
 AGENT_NAME = web.RequestKey("agent_name", str)
 # Paths that are not the agent API: no agent key (the admin API has its own token), probes for orchestrators.
@@ -130,6 +130,8 @@ class AgentKeys:
     @web.middleware
     async def middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         if not self.required or request.path in OPEN_PATHS or request.path.startswith(ADMIN_PREFIX + "/"):
+            return await handler(request)
+        if ROUTED in request:  # intercepted: it goes to its own server with its own key, never toolkeeper's
             return await handler(request)
         key = presented_key(request.headers)
         name = self.name_of(key) if key else None

@@ -22,6 +22,7 @@ from toolkeeper.common import dumps
 from toolkeeper.engine import Round, TurnResult, Visible
 from toolkeeper.wire.agentapi import AgentAPI, TurnWriter, whole_turn
 from toolkeeper.wire.chat_stream import MalformedResponse
+from toolkeeper.wire.intercepted import upstream_for
 from toolkeeper.wire.messages_items import (
     BLOCKS,
     anthropic_from_messages,
@@ -80,7 +81,7 @@ class MessagesAPI(AgentAPI):
             neutral["tools"] = body["tools"]
         if "tool_choice" in body:
             neutral["tool_choice"] = neutral_tool_choice(body["tool_choice"])
-        model = MessagesModel(self.upstream, request, body, self.engine.hidden_names(neutral))
+        model = MessagesModel(upstream_for(request, self.upstream), request, body, self.engine.hidden_names(neutral))
         events = self.engine.run(neutral, model, self.context(request, raw))
         if body.get("stream"):
             return await MessagesWriter(request, model, self.keepalive).relay(events)

@@ -30,6 +30,7 @@ from toolkeeper.engine import Round, TurnResult, Visible
 from toolkeeper.store import Store, StoreError
 from toolkeeper.wire.agentapi import AgentAPI, bad_request, whole_turn
 from toolkeeper.wire.chat_stream import MalformedResponse
+from toolkeeper.wire.intercepted import upstream_for
 from toolkeeper.wire.relay import RelayingModel
 from toolkeeper.wire.responses_items import (
     ITEMS,
@@ -73,7 +74,8 @@ class ResponsesAPI(AgentAPI):
             return bad_request(f"toolkeeper's store did not answer: {exc}", "store_unavailable", status=503)
         neutral = {"messages": messages_from_input(body["input"], referenced),
                    **{key: body[key] for key in ENGINE_KEYS if key in body}}
-        model = ResponsesModel(self.upstream, request.headers, body, self.engine.hidden_names(neutral))
+        model = ResponsesModel(upstream_for(request, self.upstream), request.headers, body,
+                               self.engine.hidden_names(neutral))
         events = self.engine.run(neutral, model, context)
         if body.get("stream"):
             writer = ResponsesWriter(request, model, self.keepalive)

@@ -26,13 +26,13 @@ from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
 from toolkeeper.wire.agentapi import bad_request, credentials_hash
 from toolkeeper.wire.chat import ChatCompletions
 from toolkeeper.wire.guard import AgentKeys, OriginGuard
+from toolkeeper.wire.intercepted import InterceptedUpstream, upstream_for
 from toolkeeper.wire.messages import MessagesAPI, count_tokens_body
 from toolkeeper.wire.responses import ResponsesAPI
-from toolkeeper.wire.upstream import HOP_BY_HOP, Upstream, UpstreamError, forward_headers
+from toolkeeper.wire.upstream import HOP_BY_HOP, UPSTREAM_KEY, Upstream, UpstreamError, forward_headers
 
 log = logging.getLogger("toolkeeper")
 
-UPSTREAM_KEY = web.AppKey("upstream", Upstream)
 CHAT_KEY = web.AppKey("chat", ChatCompletions)
 RESPONSES_KEY = web.AppKey("responses", ResponsesAPI)
 MESSAGES_KEY = web.AppKey("messages", MessagesAPI)
@@ -55,9 +55,11 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
               admin: web.Application, checks: dict[str, Check], agent_keys: dict[str, str],
               store: Store) -> web.Application:
     origins = OriginGuard(settings.allow_origin)
+    intercepted = InterceptedUpstream(settings.intercept_secret, settings.intercept_upstreams)
     # toolkeeper holding the upstream key means agents must prove who they are
     keys = AgentKeys(agent_keys, required=api_key is not None)
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[origins.middleware, keys.middleware])
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[origins.middleware, intercepted.middleware,
+                                                                             keys.middleware])
     app.on_response_prepare.append(origins.on_prepare)
     probes = Probes(engine, metrics, checks)
 
@@ -206,7 +208,7 @@ class Unspoken:
 async def passthrough(request: web.Request, *, path: str | None = None, body: bytes | None = None,
                       unspoken: Unspoken | None = None) -> web.StreamResponse:
     """Anything that is not an agent API request goes upstream untouched, streamed both ways."""
-    upstream: Upstream = request.app[UPSTREAM_KEY]
+    upstream = upstream_for(request, request.app[UPSTREAM_KEY])
     if unspoken is not None:
         unspoken(request)
     if path is None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp import web
 
 from toolkeeper.common import dumps
 from toolkeeper.engine import Round, Visible
@@ -22,6 +23,7 @@ MAX_EVENT_BYTES = 8 * 2**20
 MAX_RESPONSE_BYTES = 64 * 2**20
 
 OWN_COOKIE = "toolkeeper_"  # the prefix of toolkeeper's cookies (the console's session): never forwarded
+OWN_HEADERS = "x-toolkeeper-"  # the prefix of headers meant for toolkeeper alone (intercepted.py): never forwarded
 
 # Headers that belong to one connection, or that aiohttp sets itself.
 HOP_BY_HOP = frozenset(
@@ -63,7 +65,8 @@ KEY_HEADERS = ("authorization", "x-api-key", "api-key")
 def forward_headers(headers: Mapping[str, str], api_key: str | None, *,
                     key_header: str = "Authorization") -> dict[str, str]:
     """The agent's headers as the model server gets them: no hop-by-hop header, never toolkeeper's own cookie."""
-    forwarded = {name: value for name, value in headers.items() if name.lower() not in HOP_BY_HOP}
+    forwarded = {name: value for name, value in headers.items()
+                 if name.lower() not in HOP_BY_HOP and not name.lower().startswith(OWN_HEADERS)}
     for name in [n for n in forwarded if n.lower() == "cookie"]:
         kept = "; ".join(part.strip() for part in forwarded[name].split(";")
                          if part.strip() and not part.strip().startswith(OWN_COOKIE))
@@ -84,27 +87,34 @@ class Upstream:
         self.base_url = base_url.rstrip("/")
         self.session = session
         self.api_key = api_key
+        self.read_timeout = read_timeout
         self.timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10, sock_read=read_timeout)
 
     def url(self, path: str) -> str:
         return self.base_url + path
 
-    def model(self, headers: Mapping[str, str]) -> UpstreamModel:
-        return UpstreamModel(self, forward_headers(headers, self.api_key))
+    def at(self, base_url: str) -> Upstream:
+        """The same session and timeouts towards another server (an intercepted request's own), with the agent's
+        own key: toolkeeper's key is for the agent file's upstream only."""
+        return Upstream(base_url, self.session, read_timeout=self.read_timeout)
+
+    def model(self, headers: Mapping[str, str], query: str = "") -> UpstreamModel:
+        return UpstreamModel(self, forward_headers(headers, self.api_key), query)
 
 
 class UpstreamModel:
     """The engine's Model: one chat completion request per round."""
 
-    def __init__(self, upstream: Upstream, headers: dict[str, str]):
+    def __init__(self, upstream: Upstream, headers: dict[str, str], query: str = ""):
         self.upstream = upstream
         self.headers = {**headers, "Content-Type": "application/json"}
+        self.query = f"?{query}" if query else ""  # the agent's (Azure's api-version): the model server's too
 
     async def round(self, body: dict[str, Any]) -> AsyncIterator[Visible | Round]:
         streaming = bool(body.get("stream"))
         try:
             async with self.upstream.session.post(
-                self.upstream.url("/chat/completions"), data=dumps(body), headers=self.headers,
+                self.upstream.url("/chat/completions") + self.query, data=dumps(body), headers=self.headers,
                 timeout=self.upstream.timeout,
             ) as response:
                 if response.status != 200:
@@ -226,3 +236,7 @@ def _dispatch(event: bytes, assembler: StreamAssembler) -> tuple[bool, dict[str,
     if chunk.get("error"):
         raise UpstreamError(502, orjson.dumps({"error": chunk["error"]}))
     return False, assembler.feed(chunk)
+
+
+UPSTREAM_KEY = web.AppKey("upstream", Upstream)  # the agent file's upstream, on the proxy app
+ROUTED = web.RequestKey("routed_upstream", Upstream)  # an intercepted request's own (intercepted.py)

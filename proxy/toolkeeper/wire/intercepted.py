@@ -1,0 +1,86 @@
+"""Requests that `toolkeeper intercept` re-routed from an agent's HTTPS traffic: their upstream, in a signed header.
+
+mitmproxy's addon (intercept_addon.py) sends each intercepted model request
+here with
+
+    X-Toolkeeper-Upstream: <url> <unix time> <signature>
+
+where the signature is the hex HMAC-SHA256 of "<url>\\n<unix time>" under the
+secret `toolkeeper intercept` gave both at start (TOOLKEEPER_INTERCEPT_SECRET).
+Such a request goes to that upstream, not the agent file's, with the agent's
+own key as it came. The header is refused (400, in the API's error shape, and
+nothing is forwarded) when toolkeeper runs without a secret, when it is not
+signed with it, older than `MAX_AGE`, or names a host interception does not
+route: toolkeeper can never be made an open relay. No `X-Toolkeeper-*`
+header is ever forwarded to a model server (upstream.forward_headers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from toolkeeper.wire.guard import error_response
+from toolkeeper.wire.upstream import ROUTED, UPSTREAM_KEY, Upstream
+
+HEADER = "X-Toolkeeper-Upstream"
+MAX_AGE = 120.0  # seconds: a signed header is made for one request, now
+
+
+def sign(secret: str, url: str, now: float) -> str:
+    """The header's value for `url` (the addon computes the same, in its own code)."""
+    stamp = str(int(now))
+    signed = (url + "\n" + stamp).encode()
+    return f"{url} {stamp} {hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()}"
+
+
+class InterceptedUpstream:
+    def __init__(self, secret: str | None, routed: tuple[str, ...]):
+        self.secret = secret
+        self.routed = frozenset(origin.rstrip("/") for origin in routed)  # scheme://host[:port] interception routes
+
+    def upstream_of(self, value: str) -> str:
+        """The upstream URL a header names; raises ValueError saying why it is refused."""
+        if not self.secret:
+            raise ValueError(f"{HEADER} is accepted only from `toolkeeper intercept`")
+        try:
+            url, stamp, signature = value.strip().split(" ")
+            expected = sign(self.secret, url, float(stamp)).rsplit(" ", 1)[1]
+        except ValueError:
+            raise ValueError(f"{HEADER} is malformed") from None
+        if not hmac.compare_digest(signature.encode(), expected.encode()):
+            raise ValueError(f"{HEADER} is not signed by this toolkeeper's interception")
+        if abs(time.time() - float(stamp)) > MAX_AGE:
+            raise ValueError(f"{HEADER} is stale")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not self._routes(parts.scheme, parts.netloc):
+            raise ValueError(f"{HEADER} names {parts.scheme}://{parts.netloc}, which interception does not route")
+        return url
+
+    def _routes(self, scheme: str, netloc: str) -> bool:
+        if f"{scheme}://{netloc}" in self.routed:
+            return True
+        wildcards = [origin[len(scheme) + 4:] for origin in self.routed if origin.startswith(f"{scheme}://*.")]
+        return ":" not in netloc and any(netloc.endswith(suffix) for suffix in wildcards)  # *.openai.azure.com
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        value = request.headers.get(HEADER)
+        if value is None:
+            return await handler(request)
+        try:
+            url = self.upstream_of(value)
+        except ValueError as exc:
+            return error_response(400, str(exc), "upstream_not_allowed", path=request.path)
+        request[ROUTED] = request.app[UPSTREAM_KEY].at(url)
+        return await handler(request)
+
+
+def upstream_for(request: web.Request, default: Upstream) -> Upstream:
+    """The upstream of this request: the one interception named, else toolkeeper's own."""
+    return request.get(ROUTED, default)
