@@ -550,3 +550,29 @@ def test_a_trail_from_before_the_index_is_indexed_when_opened(tmp_path, kind):
         intact, what = audit.verify()
         assert not intact and "index of calls" in what and "approver" in what
         audit.close()
+
+
+@STORES
+def test_verify_is_intact_while_calls_are_written_and_with_big_integers(tmp_path, kind):
+    """Verify reads the chain and its index as of one moment; an argument past 64 bits reads back the same."""
+    with fresh_trail(kind, tmp_path) as where:
+        audit = open_audit(where)
+        audit.refused(ExecutionRecord(tool="lookup", runner="argv", call_id="big", status="invalid",
+                                      arguments_sent={"n": 2**70}, arguments={"n": 2**70}))
+        stop = threading.Event()
+
+        def write() -> None:
+            writer = open_audit(where)
+            while not stop.is_set():
+                _calls(writer, 3, time.time())
+            writer.close()
+
+        writing = threading.Thread(target=write)
+        writing.start()
+        try:
+            verdicts = [audit.verify() for _ in range(5)]
+        finally:
+            stop.set()
+            writing.join(30)
+        assert all(intact for intact, _ in verdicts), verdicts
+        audit.close()

@@ -424,3 +424,19 @@ def test_without_a_session_a_page_asks_to_sign_in(console, browser):
     context.close()
     status, body = get(console.root + "/toolkeeper/audit", token="wrong")
     assert status == 401 and "a valid token is required" in body
+
+
+def test_odd_input_gets_a_page_or_a_4xx_never_a_500(console):
+    for query in ("before=%C2%B2", "after=99999999999999999999999", "since=0001-01-01", "until=9999-12-31T23:59",
+                  "before=-1", "last=forever", "status=nope"):
+        status, _ = get(f"{console.root}/toolkeeper/audit?{query}")
+        assert status == 200, query
+    status, _ = get(f"{console.root}/toolkeeper/audit/export?format=xml")
+    assert status == 400
+    assert get(f"{console.root}/toolkeeper/audit/export?since=0001-01-01")[0] == 200
+    for header in ({"Cookie": "toolkeeper_session=\xff\xfe.\xff"}, {"Authorization": "Bearer \xff\xfe"}):
+        request = urllib.request.Request(console.root + "/toolkeeper/audit", headers=header)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        refused.value.close()
+        assert refused.value.code == 401, header

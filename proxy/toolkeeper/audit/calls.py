@@ -90,8 +90,8 @@ def where(filters: dict[str, Any]) -> tuple[str, list[Any]]:
     if filters.get("search"):
         # in the JSON of the arguments; LIKE's own wildcards in the text are taken literally
         text = str(filters["search"]).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        tests.append("arguments LIKE ? ESCAPE '\\'")
-        params.append(f"%{text}%")
+        tests.append("LOWER(arguments) LIKE ? ESCAPE '\\'")  # either case, on SQLite and PostgreSQL alike
+        params.append(f"%{text.lower()}%")
     return " AND ".join(tests), params
 
 

@@ -48,6 +48,11 @@ class SQLiteAudit(SQLAudit):
     def connection(self) -> sqlite3.Connection:
         return self._db
 
+    def snapshot(self) -> sqlite3.Connection | None:
+        if self.path == ":memory:":
+            return None
+        return sqlite3.connect(self.path, isolation_level=None, timeout=WRITE_WAIT, check_same_thread=False)
+
     def read_connection(self) -> sqlite3.Connection:
         return self._reader
 
@@ -59,6 +64,7 @@ class SQLiteAudit(SQLAudit):
 
 class PostgresAudit(SQLAudit):
     floor = "CAST(FLOOR({}) AS INTEGER)"
+    snapshot_begin = "BEGIN ISOLATION LEVEL REPEATABLE READ"
     lock_chain = "SELECT pg_advisory_xact_lock(7335001)"
     remote = True
     placeholder = "%s"
@@ -103,6 +109,9 @@ class PostgresAudit(SQLAudit):
 
     def dropped(self) -> bool:
         return self._db is None or self._db.closed or self._db.broken
+
+    def snapshot(self) -> Any:
+        return self._open(schema=False)
 
     def close(self) -> None:
         super().close()

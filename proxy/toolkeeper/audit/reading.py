@@ -8,13 +8,23 @@ reader sees is what the hashed chain says.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from toolkeeper.audit.calls import FIRST_COLUMNS, PAGE_SIZE, chart_queries, page_query, rows_of_chain, where
-from toolkeeper.audit.events import GENESIS, INDEXED_FIELDS, UNHASHED, chain_hash, entry_of, event_body, hashed_columns
+from toolkeeper.audit.events import (
+    GENESIS,
+    INDEXED_FIELDS,
+    UNHASHED,
+    AuditError,
+    chain_hash,
+    entry_of,
+    event_body,
+    hashed_columns,
+)
 from toolkeeper.audit.formats import render
 from toolkeeper.audit.record import AuditEntry
 
@@ -29,7 +39,11 @@ class Page:
 
 
 class TrailReader:
+    """Needs of SQLAudit: _query, _execute, _locked, connection, snapshot, failure."""
+
     floor = "CAST({} AS INTEGER)"  # SQLite's cast truncates; PostgreSQL's rounds, so its dialect says FLOOR
+    snapshot_begin = "BEGIN"  # SQLite: the first read fixes what the transaction sees
+    failure: tuple[type[Exception], ...] = ()
 
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
         raise NotImplementedError
@@ -138,9 +152,11 @@ class TrailReader:
 
         `expect_head`: the head hash (or its start) noted earlier; a trail that ends before it lost its tail.
         """
+        with self._snapshot() as read:  # the chain and its index as of one moment, writes going on meanwhile
+            rows = read(f"SELECT seq, {', '.join(INDEXED_FIELDS)}, body, prev_hash, hash FROM audit_events "  # noqa: S608
+                        "ORDER BY seq")
+            index = read(f"SELECT {', '.join(FIRST_COLUMNS)} FROM audit_calls")  # noqa: S608
         prev, walked = GENESIS, []
-        rows = self._query(f"SELECT seq, {', '.join(INDEXED_FIELDS)}, body, prev_hash, hash FROM audit_events "  # noqa: S608
-                           "ORDER BY seq")
         for seq, *columns, body, prev_hash, stored in rows:
             body = body.encode() if isinstance(body, str) else bytes(body)  # a tampered row may change type
             broken = _broken_event(seq, columns, body, prev, prev_hash, stored)
@@ -148,7 +164,7 @@ class TrailReader:
                 return False, broken
             walked.append((seq, event_body(body)))
             prev = stored
-        broken = self._broken_index(rows_of_chain(walked))
+        broken = _broken_index(rows_of_chain(walked), index)
         if broken:
             return False, broken
         if expect_head and not prev.startswith(expect_head.lower()):
@@ -158,21 +174,38 @@ class TrailReader:
             return False, f"the expected head {expect_head} {where_it_is} (the head is {prev[:16]})"
         return True, f"{len(walked)} events, chain intact, head {prev[:16]}"
 
-    def _broken_index(self, expected: dict[str, tuple]) -> str | None:
-        """What differs between the index of calls and what the chain says it should hold."""
-        found = {row[0]: row for row in self._query(f"SELECT {', '.join(FIRST_COLUMNS)} FROM audit_calls")}  # noqa: S608
-        for record_id, row in expected.items():
-            held = found.pop(record_id, None)
-            if held is None:
-                return f"record {record_id} is missing from the index of calls: it was hidden from the pages"
-            for name, want, have in zip(FIRST_COLUMNS, row, held, strict=True):
-                if want != have and not (isinstance(want, float) and isinstance(have, float) and abs(want - have)
-                                         < 1e-6):
-                    return (f"record {record_id} was altered in the index of calls: its {name} says {have!r}, the "
-                            f"chain {want!r}")
-        if found:
-            return f"the index of calls holds record {next(iter(found))}, which is not in the chain"
-        return None
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[Callable[..., list[tuple]]]:
+        """A function reading through one transaction on a connection of its own (SQLAudit.snapshot)."""
+        own = self.snapshot()
+        shared = own is None  # an in-memory trail has one connection: writes wait meanwhile
+        with self._locked() if shared else contextlib.nullcontext():
+            db = self.connection() if shared else own
+            try:
+                self._execute(self.snapshot_begin, (), db)
+                yield lambda sql, params=(): self._execute(sql, params, db).fetchall()
+                self._execute("COMMIT", (), db)
+            except self.failure as exc:
+                raise AuditError(f"the audit trail cannot be read: {exc}") from exc
+            finally:
+                if not shared:
+                    db.close()
+
+
+def _broken_index(expected: dict[str, tuple], index: list[tuple]) -> str | None:
+    """What differs between the index of calls and what the chain says it should hold."""
+    found = {row[0]: row for row in index}
+    for record_id, row in expected.items():
+        held = found.pop(record_id, None)
+        if held is None:
+            return f"record {record_id} is missing from the index of calls: it was hidden from the pages"
+        for name, want, have in zip(FIRST_COLUMNS, row, held, strict=True):
+            if want != have and not (isinstance(want, float) and isinstance(have, float) and abs(want - have) < 1e-6):
+                return (f"record {record_id} was altered in the index of calls: its {name} says {have!r}, the "
+                        f"chain {want!r}")
+    if found:
+        return f"the index of calls holds record {next(iter(found))}, which is not in the chain"
+    return None
 
 
 def _broken_event(seq: int, columns: list, body: bytes, prev: str, prev_hash: str, stored: str) -> str | None:

@@ -208,7 +208,8 @@ class SQLAudit(TrailReader):
                             "INSERT INTO audit_events (record_id, kind, time, tool, agent, status, body, prev_hash, "
                             "hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
                             (*(event[k] for k in INDEXED_FIELDS), body, prev, chain_hash(prev, body))).fetchone()
-                        self._execute(UPSERT, call_row(event, seq))
+                        # from the body as verify will read it back (a big integer becomes a float there)
+                        self._execute(UPSERT, call_row(event_body(body), seq))
                         self._execute("COMMIT")
                         return
                     except BaseException:
@@ -260,10 +261,24 @@ class SQLAudit(TrailReader):
         return len(rows)
 
     def check(self) -> None:
-        """For /readyz: raises when the trail cannot be read, or its last write failed."""
-        self._query("SELECT 1")
+        """For /readyz: raises when the trail cannot be read, or its last write failed. On the writer's
+        connection, so a long read (a verify, an export) never makes a replica look down. Events an older
+        release wrote beside this one (a rolling upgrade) are indexed here."""
+        with self._locked():
+            try:
+                events, indexed = self._execute("SELECT (SELECT COALESCE(MAX(seq), 0) FROM audit_events), "
+                                                "(SELECT COALESCE(MAX(last_seq), 0) FROM audit_calls)").fetchone()
+            except self.failure as exc:
+                raise AuditError(f"the audit trail cannot be read: {exc}") from exc
+        if events > indexed:
+            self.catch_up()
         if self.last_failure:
             raise AuditError(f"the last record could not be written: {self.last_failure}")
+
+    def snapshot(self) -> Any:
+        """A connection of its own for one long read (verify), closed after it: it holds no lock the pages or
+        writes wait on; None when there can be no other (an in-memory database)."""
+        raise NotImplementedError
 
     def close(self) -> None:
         with contextlib.suppress(AuditError), self._locked(), contextlib.suppress(*self.failure):

@@ -15,19 +15,20 @@ carry the session's CSRF key and come from toolkeeper's own origin.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import web
 
+from toolkeeper.audit import AuditError
 from toolkeeper.common import printable
 from toolkeeper.policy import RULE_SOURCES
 from toolkeeper.settings import TOKEN_VARIABLE
 from toolkeeper.store import Store, StoreError
-from toolkeeper.wire.sessions import SESSION_COOKIE, Sessions
+from toolkeeper.wire.sessions import SESSION_COOKIE, Sessions, same
 
 log = logging.getLogger("toolkeeper")
 
@@ -59,7 +60,7 @@ class AdminGuard:
         self.refusals: list[tuple[str, Refusal]] = []  # a page's own way of saying "sign in first"
 
     def bearer(self, request: web.Request) -> bool:
-        return bool(self.token) and hmac.compare_digest(given_token(request).encode(), self.token.encode())  # type: ignore[union-attr]
+        return bool(self.token) and same(given_token(request), self.token)  # type: ignore[arg-type]
 
     async def identity(self, request: web.Request) -> tuple[str, str] | None:
         """(name, role) of who calls, or None; the admin token's holder is MASTER (it may say who it answers
@@ -67,8 +68,8 @@ class AdminGuard:
         if self.bearer(request):
             return MASTER
         given = given_token(request)
-        if given:
-            return await self.store.token_holder(given) if self.store is not None else None
+        if given:  # tokens are ASCII: anything else is no token, not a lookup
+            return await self.store.token_holder(given) if self.store is not None and given.isascii() else None
         cookie = request.cookies.get(SESSION_COOKIE, "")
         if cookie and self.sessions is not None:
             request["session"] = cookie
@@ -82,9 +83,8 @@ class AdminGuard:
         """Why a change a session cookie authenticates is refused: another site's origin, or no CSRF key."""
         if "session" not in request or request.method in SAFE_METHODS or self.sessions is None:
             return None
-        origin = request.headers.get("Origin")
-        if origin is not None and origin != f"{request.scheme}://{request.host}":
-            return f"a change from another origin ({printable(origin)}) is refused"
+        if not same_origin(request):
+            return f"a change from another origin ({printable(request.headers['Origin'])}) is refused"
         given = request.headers.get("X-CSRF-Token") or str((await request.post()).get("csrf", ""))
         if not self.sessions.csrf_holds(request["session"], given):
             return "the form's CSRF key is missing or stale: reload the page and try again"
@@ -107,11 +107,24 @@ class AdminGuard:
                 return await handler(request)
         except StoreError as exc:
             return json_error(503, f"the store did not answer: {exc}")
+        except AuditError as exc:
+            return json_error(503, str(exc))
         for prefix, refuse in self.refusals:
             if request.path.startswith(prefix) and (answer := await refuse(request)) is not None:
                 return answer
         return json_error(401, f"a valid token is required (Authorization: Bearer ${TOKEN_VARIABLE}, or a named "
                                "token from `toolkeeper tokens add`)")
+
+
+def served_over_https(request: web.Request) -> bool:
+    """HTTPS here, or at the TLS-terminating proxy in front (which says so): the cookie is then Secure."""
+    return request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
+
+
+def same_origin(request: web.Request) -> bool:
+    """No Origin (not a browser's cross-origin request), or this host's own, over HTTPS at a proxy in front too."""
+    origin = request.headers.get("Origin")
+    return origin is None or urlsplit(origin).netloc == request.host
 
 
 def given_token(request: web.Request) -> str:

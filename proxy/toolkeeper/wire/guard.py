@@ -5,9 +5,10 @@
   preflight). Any request that carries an `Origin` not on the allow-list
   (`--allow-origin`, empty by default) is refused, preflights included; a
   page served by toolkeeper itself (the console, on a loopback address)
-  is its own origin. Under /toolkeeper/ any host's own origin is: the
-  console's sessions are cookies a rebinding page never has, and each change
-  carries a CSRF key (wire/admin.py). Non-browser clients send no `Origin`.
+  is its own origin; a console served under another name needs that name's
+  origin on the list (a DNS-rebinding page has its own name in `Host`, so a
+  loopback-only rule keeps it from even trying tokens). Non-browser clients
+  send no `Origin`.
 - **Agent keys.** With `api_key_env`, toolkeeper holds the upstream key, so
   any local process could spend it. The operator then lists agents and the
   SHA-256 of their keys (`agents:` in the agent file, or `--agent-keys`); a
@@ -61,8 +62,6 @@ class OriginGuard:
         origin = request.headers.get("Origin")
         if origin is None:
             return True
-        if request.path.startswith(ADMIN_PREFIX + "/") and origin == f"{request.scheme}://{request.host}":
-            return True  # the console on a deployment's own name, behind its sessions and CSRF keys
         return origin in self.allowed or _own_page(origin, request)
 
     @web.middleware

@@ -29,7 +29,7 @@ from toolkeeper.wire.guard import AgentKeys, OriginGuard
 from toolkeeper.wire.intercepted import InterceptedUpstream, upstream_for
 from toolkeeper.wire.messages import MessagesAPI, count_tokens_body
 from toolkeeper.wire.responses import ResponsesAPI
-from toolkeeper.wire.upstream import HOP_BY_HOP, UPSTREAM_KEY, Upstream, UpstreamError, forward_headers
+from toolkeeper.wire.upstream import HOP_BY_HOP, OWN_COOKIE, UPSTREAM_KEY, Upstream, UpstreamError, forward_headers
 
 log = logging.getLogger("toolkeeper")
 
@@ -205,6 +205,11 @@ class Unspoken:
                         "/v1/responses", request.path)
 
 
+def _sets_own_cookie(name: str, value: str) -> bool:
+    """A model server's Set-Cookie for one of toolkeeper's cookies (a console session it would plant)."""
+    return name.lower() == "set-cookie" and value.lstrip().lower().startswith(OWN_COOKIE)
+
+
 async def passthrough(request: web.Request, *, path: str | None = None, body: bytes | None = None,
                       unspoken: Unspoken | None = None) -> web.StreamResponse:
     """Anything that is not an agent API request goes upstream untouched, streamed both ways."""
@@ -225,8 +230,11 @@ async def passthrough(request: web.Request, *, path: str | None = None, body: by
         ) as answer:
             response = web.StreamResponse(status=answer.status, reason=answer.reason)
             for name, value in answer.headers.items():
-                if name.lower() not in HOP_BY_HOP:
+                if name.lower() not in HOP_BY_HOP and not _sets_own_cookie(name, value):
                     response.headers.add(name, value)
+            if "html" in answer.headers.get("Content-Type", ""):
+                # a page of the model server shares the console's origin: it may show, never script it
+                response.headers["Content-Security-Policy"] = "sandbox"
             await response.prepare(request)
             async for chunk in answer.content.iter_any():
                 await response.write(chunk)

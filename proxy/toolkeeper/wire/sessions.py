@@ -31,6 +31,11 @@ FAILURE_WINDOW = 300.0
 ADMIN = "admin"  # the admin token's holder: its name and role
 
 
+def same(given: str, expected: str) -> bool:
+    """A constant-time comparison that takes any text a client sent (undecodable bytes arrive as surrogates)."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected.encode("utf-8", "surrogateescape"))
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).decode().rstrip("=")
 
@@ -47,13 +52,13 @@ class Sessions:
         self.failures: dict[str, deque[float]] = {}
 
     def _sign(self, payload: str) -> str:
-        return _b64(hmac.new(self.key, payload.encode(), hashlib.sha256).digest())
+        return _b64(hmac.new(self.key, payload.encode("utf-8", "surrogateescape"), hashlib.sha256).digest())
 
     async def open(self, token: str) -> tuple[str, tuple[str, str]] | None:
         """The cookie value for a session of `token`'s holder, and who that is; None for an unknown token."""
-        if hmac.compare_digest(token.encode(), self.admin_token.encode()):
+        if same(token, self.admin_token):
             name, role, fingerprint = ADMIN, ADMIN, ADMIN
-        elif self.store is not None and (holder := await self.store.token_holder(token)):
+        elif self.store is not None and token.isascii() and (holder := await self.store.token_holder(token)):
             name, role = holder
             fingerprint = hashlib.sha256(token.encode()).hexdigest()[:16]
         else:
@@ -64,26 +69,27 @@ class Sessions:
     async def holder(self, cookie: str) -> tuple[str, str] | None:
         """(name, role) of a session still in force: signed, not expired, its token not revoked or replaced."""
         payload, _, signature = cookie.partition(".")
-        if not payload or not hmac.compare_digest(signature.encode(), self._sign(payload).encode()):
+        if not payload or not same(signature, self._sign(payload)):
             return None
         try:
             name, expires, fingerprint = _unb64(payload).decode().split("\n")
-        except ValueError:
+        except (ValueError, UnicodeError):
             return None
         if int(expires) < time.time():
             return None
         if name == ADMIN and fingerprint == ADMIN:
             return ADMIN, ADMIN
         found = await self.store.token_named(name) if self.store is not None else None
-        if found is None or not hmac.compare_digest(found[1][:16].encode(), fingerprint.encode()):
+        if found is None or not same(fingerprint, found[1][:16]):
             return None
         return name, found[0]  # the role as it is now
 
     def csrf(self, cookie: str) -> str:
-        return _b64(hmac.new(self.key, b"csrf\n" + cookie.encode(), hashlib.sha256).digest())[:32]
+        signed = b"csrf\n" + cookie.encode("utf-8", "surrogateescape")
+        return _b64(hmac.new(self.key, signed, hashlib.sha256).digest())[:32]
 
     def csrf_holds(self, cookie: str, given: str) -> bool:
-        return bool(cookie) and hmac.compare_digest(given.encode(), self.csrf(cookie).encode())
+        return bool(cookie) and same(given, self.csrf(cookie))
 
     def refused_for(self, address: str) -> float:
         """Seconds `address` must wait before it may try to sign in again (0: it may)."""
@@ -96,7 +102,19 @@ class Sessions:
             return 0.0
         return failures[0] + FAILURE_WINDOW - now if len(failures) >= MAX_FAILURES else 0.0
 
-    def failed(self, address: str) -> None:
-        if len(self.failures) > 10_000:  # a flood from many addresses cannot grow this without bound
-            self.failures.clear()
+    def attempt(self, address: str) -> float:
+        """Count a sign-in attempt before its token is looked up (so parallel guesses all count): the seconds
+        `address` must wait first, 0 when it may try. `succeeded` takes a good one back."""
+        wait = self.refused_for(address)
+        if wait:
+            return wait
+        if address not in self.failures and len(self.failures) >= 10_000:  # the oldest go first, not everyone
+            for stale in list(self.failures)[:1000]:
+                del self.failures[stale]
         self.failures.setdefault(address, deque()).append(time.monotonic())
+        return 0.0
+
+    def succeeded(self, address: str) -> None:
+        failures = self.failures.get(address)
+        if failures:
+            failures.pop()

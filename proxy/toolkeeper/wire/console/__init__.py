@@ -21,7 +21,7 @@ from aiohttp import web
 
 from toolkeeper.audit import SQLAudit
 from toolkeeper.store import Store
-from toolkeeper.wire.admin import PREFIX, AdminGuard
+from toolkeeper.wire.admin import PREFIX, AdminGuard, same_origin, served_over_https
 from toolkeeper.wire.console.charts import ChartsPage
 from toolkeeper.wire.console.layout import SECURITY_HEADERS, link, page, show
 from toolkeeper.wire.console.queue import QueuePage
@@ -80,26 +80,25 @@ class Console:
         sessions = self.guard.sessions
         assert sessions is not None  # the guard answers 404 for every path when no admin token is set
         address = request.remote or "?"
-        wait = sessions.refused_for(address)
+        wait = sessions.attempt(address)
         if wait:
             response = self._form(request, f"Too many failed sign-ins: try again in {int(wait) + 1} s.", "", 429)
             response.headers["Retry-After"] = str(int(wait) + 1)
             return response
-        origin = request.headers.get("Origin")
-        if origin is not None and origin != f"{request.scheme}://{request.host}":  # no signing in from elsewhere
+        if not same_origin(request):  # no signing in from another site
             return self._form(request, "Sign in from this page, not from another site.", "", 403)
         form = await request.post()
         opened = await sessions.open(str(form.get("token", "")).strip())
         goto = str(form.get("next", ""))
         if opened is None:
-            sessions.failed(address)
             return self._form(request, "That token is not valid (or was revoked).", goto, 401)
+        sessions.succeeded(address)
         cookie, (_, role) = opened
         if not goto.startswith(PREFIX + "/") or goto.startswith(PREFIX + "/sign-"):  # only here, never elsewhere
             goto = PREFIX + HOME.get(role, "/")
         response = web.HTTPSeeOther(goto)
         response.set_cookie(SESSION_COOKIE, cookie, httponly=True, samesite="Strict", path=PREFIX,
-                            secure=request.secure, max_age=SESSION_SECONDS)
+                            secure=served_over_https(request), max_age=SESSION_SECONDS)
         raise response
 
     async def sign_out(self, request: web.Request) -> web.Response:

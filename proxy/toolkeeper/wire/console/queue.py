@@ -27,6 +27,16 @@ from toolkeeper.wire.admin import MASTER, answer_approval
 from toolkeeper.wire.console.layout import csrf_field, field, link, page, show, when
 from toolkeeper.wire.sessions import Sessions
 
+# What a page says after an answer: fixed sentences, so a link cannot make the page say anything else.
+NOTICES = {
+    "approved": "{id} ({tool}) approved by {approver}",
+    "always": "{id} ({tool}) approved by {approver}, always: {agent} may use {tool} until the grant is revoked",
+    "once": "{id} ({tool}) approved by {approver}, once: a security rule asked, and an always answer cannot lift it",
+    "denied": "{id} ({tool}) denied by {approver}: {reason}",
+    "gone": "{id} is not waiting any more: answered, expired, or unknown",
+    "revoked": "always grant {id} revoked",
+    "no-grant": "no always grant {id} in force",
+}
 LIVE_POLL = 1.0  # seconds between looks at the store for the live stream
 KEEPALIVE = 15.0
 VERBS = ("approve", "always", "deny")
@@ -52,10 +62,15 @@ def _approval_html(approval: dict, request: web.Request) -> str:
         for verb, label, extra in (
             ("approve", "Approve", ""), ("always", "Approve always", ""),
             ("deny", "Deny", "<label>reason<input name=reason size=28 maxlength=500></label>")))
-    return (f"<section class=approval data-approval='{show(approval_id)}' data-created='{approval.get('created', 0)}'"
-            f" data-expires='{expires or ''}'><h2>{show(approval['tool'])} <small>{show(approval_id)} · "
+    created, expires = _number(approval.get("created")), _number(expires) if expires else ""
+    return (f"<section class=approval data-approval='{show(approval_id)}' data-created='{created}'"
+            f" data-expires='{expires}'><h2>{show(approval['tool'])} <small>{show(approval_id)} · "
             f"waiting <span class=age></span>{' · <span class=left></span> left' if expires else ''}</small></h2>"
             f"<dl>{details}</dl><div class=actions>{forms}</div></section>")
+
+
+def _number(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "0"
 
 
 def _grants_html(grants: list[dict], request: web.Request) -> str:
@@ -84,8 +99,7 @@ class QueuePage:
     async def queue(self, request: web.Request) -> web.Response:
         waiting = await self.store.list_approvals("waiting")
         grants = await self.store.grants()
-        said = request.query.get("said", "")
-        notice = f"<p class=notice role=status>{show(said)}</p>" if said else ""
+        notice = await self._notice(request.query.get("said", ""), request.query.get("id", ""))
         rows = "".join(_approval_html(a, request) for a in waiting)
         body = (f"{notice}<p id=empty{' hidden' if waiting else ''}>No call is waiting.</p>"
                 f"<div id=queue data-live='{link('/queue/live')}'>{rows}</div>"
@@ -100,7 +114,8 @@ class QueuePage:
         last, quiet, checked = b"", 0.0, time.monotonic()
         while not self.closing.is_set():
             if "session" in request and time.monotonic() - checked > 30:  # a revoked token ends its streams
-                if await self.sessions.holder(request["session"]) is None:
+                holder = await self.sessions.holder(request["session"])
+                if holder is None or holder[1] not in ("approver", "admin"):  # so does a changed role
                     break
                 checked = time.monotonic()
             waiting, grants = await self.store.list_approvals("waiting"), await self.store.grants()
@@ -124,15 +139,19 @@ class QueuePage:
         who = request.get("identity") or MASTER
         status, said = await answer_approval(self.store, approval_id, who[0], verb != "deny",
                                              always=verb == "always", reason=str(form.get("reason", ""))[:500])
-        if status != 200:
-            message = said["error"]
-        else:
-            message = f"{approval_id} ({said['tool']}) {said['status']} by {who[0]}" + (
-                f": {said['note']}" if said.get("note") else "")
-        raise web.HTTPSeeOther(link("/queue", {"said": message}).replace("&amp;", "&"))
+        code = "gone" if status != 200 else "denied" if verb == "deny" else (
+            "once" if said.get("note") else "always" if verb == "always" else "approved")
+        raise web.HTTPSeeOther(link("/queue", {"said": code, "id": approval_id}).replace("&amp;", "&"))
 
     async def revoke(self, request: web.Request) -> web.Response:
         grant_id = request.match_info["id"]
-        revoked = await self.store.revoke(grant_id)
-        message = f"always grant {grant_id} revoked" if revoked else f"no always grant {grant_id} in force"
-        raise web.HTTPSeeOther(link("/queue", {"said": message}).replace("&amp;", "&"))
+        code = "revoked" if await self.store.revoke(grant_id) else "no-grant"
+        raise web.HTTPSeeOther(link("/queue", {"said": code, "id": grant_id}).replace("&amp;", "&"))
+
+    async def _notice(self, code: str, subject: str) -> str:
+        if code not in NOTICES:
+            return ""
+        approval = await self.store.get_approval(subject) if code in ("approved", "always", "once", "denied") else None
+        given = {key: value for key, value in (approval or {}).items() if value is not None}
+        values = {"tool": "", "approver": "", "agent": "", "reason": "", **given, "id": subject}
+        return f"<p class=notice role=status>{show(NOTICES[code].format_map(values))}</p>"

@@ -14,6 +14,7 @@ on the trail's read connection, so a page never stalls the proxy.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from datetime import datetime
 from typing import Any
@@ -28,15 +29,21 @@ SOURCES = ("declared", "agent")
 CHOICES = ("tool", "decision_source", "rule", "approver", "header")  # filters offered as a list of what is there
 TEXTS = ("agent", "search", "request_id")
 EXPORTS = {"jsonl": "application/x-ndjson", "csv": "text/csv"}
+CHOICES_FOR = 10.0
+MAX_CHOICES = 500  # a list longer than this is no help: type in the search instead
 
 
 def _time(text: str) -> float | None:
     """A time a person typed (2026-12-01T09:00, with or without a zone; none means the server's)."""
     try:
         moment = datetime.fromisoformat(text)
-    except ValueError:
+        return (moment if moment.tzinfo else moment.astimezone()).timestamp()
+    except (ValueError, OverflowError, OSError):  # not a time, or one no clock reaches (year 1)
         return None
-    return (moment if moment.tzinfo else moment.astimezone()).timestamp()
+
+
+def _cursor(text: str) -> int | None:
+    return int(text) if re.fullmatch(r"[0-9]{1,18}", text) else None
 
 
 def filters_of(query: Any) -> dict[str, Any]:
@@ -71,6 +78,7 @@ def _row(record: AuditEntry) -> str:
 class TrailPages:
     def __init__(self, audit: SQLAudit):
         self.audit = audit
+        self._chosen: tuple[float, dict[str, list[str]]] | None = None
 
     def __call__(self, app: web.Application) -> None:
         app.router.add_get("/audit", self.listing)
@@ -98,17 +106,24 @@ class TrailPages:
                 f"<a href='{link('/audit')}'>clear</a></form>")
 
     def _read(self, filters: dict[str, Any], before: int | None, after: int | None) -> tuple:
-        choices = {name: self.audit.distinct(name) for name in CHOICES}
-        return self.audit.page(filters, before, after), self.audit.count(**filters), self.audit.head(), choices
+        return (self.audit.page(filters, before, after), self.audit.count(**filters), self.audit.head(),
+                self._choices())
+
+    def _choices(self) -> dict[str, list[str]]:
+        """What the filters' lists offer: read at most every CHOICES_FOR seconds (each is a scan of the index)."""
+        now = time.monotonic()
+        if self._chosen is None or now - self._chosen[0] > CHOICES_FOR:
+            self._chosen = (now, {name: self.audit.distinct(name)[:MAX_CHOICES] for name in CHOICES})
+        return self._chosen[1]
 
     async def listing(self, request: web.Request) -> web.Response:
         query = request.query
         filters = filters_of(query)
-        before, after = (int(query[k]) if query.get(k, "").isdigit() else None for k in ("before", "after"))
+        before, after = _cursor(query.get("before", "")), _cursor(query.get("after", ""))
         shown, total, (seq, head), choices = await asyncio.to_thread(self._read, filters, before, after)
         kept = {k: v for k, v in query.items() if k not in ("before", "after")}
         paging = "".join([
-            f"<a href='{link('/audit', kept)}'>newest</a>" if shown.newer is not None else "",
+            f"<a href='{link('/audit', kept)}'>newest</a>" if (before, after) != (None, None) else "",
             f"<a rel=prev href='{link('/audit', {**kept, 'after': shown.newer})}'>newer</a>"
             if shown.newer is not None else "",
             f"<a rel=next href='{link('/audit', {**kept, 'before': shown.older})}'>older</a>"
@@ -116,7 +131,8 @@ class TrailPages:
         exports = " ".join(f"<a download href='{link('/audit/export', {**kept, 'format': f})}'>{f.upper()}</a>"
                            for f in EXPORTS)
         chain = (f"<form method=post action='{link('/audit/verify')}'>{csrf_field(request)}Chain head "
-                 f"<code id=head>{head[:16]}</code> (event {seq}) <button type=submit>Verify now</button></form>")
+                 f"<code id=head>{show(head[:16])}</code> (event {show(seq)}) "
+                 "<button type=submit>Verify now</button></form>")
         table = ("<table><thead><tr><th>time</th><th>status</th><th>tool</th><th>duration</th><th>decision</th>"
                  "<th>approver</th><th>identity header</th><th>agent</th></tr></thead>"
                  f"<tbody>{''.join(_row(r) for r in shown.entries)}</tbody></table>")
