@@ -1,0 +1,368 @@
+"""`toolkeeper intercept`: agents whose base URL stays at their vendor's host, reached through a real mitmproxy.
+
+The scripted model stands behind `--map api.model.test=...`, a made-up host that is never resolved. Each client
+runs in a process of its own, configured only with the variables `intercept` printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, call, write_agent
+
+os.environ.setdefault("TOOLKEEPER_MITMPROXY_ENV", str(ROOT / ".mitmproxy-env"))  # scripts/test makes it
+NPM = ROOT / ".npm"
+AGENT = """
+    upstream: http://127.0.0.1:9/v1
+    yolo: true
+    tools:
+      - name: lookup
+        description: Look a word up.
+        parameters:
+          word: {type: string, description: "The word."}
+        command: ["{python}", "{tools}/record.py", "lookup", "{{word}}"]
+        env: {OUT: "{out}"}
+      - name: slow_lookup
+        description: Look a word up, slowly.
+        parameters:
+          word: {type: string, description: "The word."}
+        command: ["{python}", "{tools}/record.py", "slow_lookup", "{{word}}"]
+        env: {OUT: "{out}", SLEEP: "1.5"}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Intercept:
+    """`toolkeeper intercept` running: the variables it printed, and the pids it named."""
+
+    def __init__(self, directory: Path, *args: str):
+        self.port = free_port()
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "toolkeeper", "intercept", str(directory / "agent.yaml"), "--port", str(self.port),
+             "--confdir", str(directory / "mitmproxy"), *args], stdout=subprocess.PIPE, stderr=self.log, text=True,
+            cwd=ROOT, start_new_session=True)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(self.popen.stdout.readline() for _ in range(4)))
+        reader.start()
+        reader.join(120)
+        assert len(lines) == 4 and all("=" in line for line in lines), (lines, self.stderr())
+        self.variables = dict(line.strip().split("=", 1) for line in lines)
+        self.toolkeeper, self.toolkeeper_pid, self.proxy_pid = self._started()
+
+    def _started(self) -> tuple[str, int, int]:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            found = re.search(r"pid (\d+)\); toolkeeper on (http://127\.0\.0\.1:\d+) \(pid (\d+)\)", self.stderr())
+            if found:
+                return found.group(2), int(found.group(3)), int(found.group(1))
+            time.sleep(0.05)
+        raise AssertionError(self.stderr())
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """A client's environment: this machine's, without its own proxy settings, plus the printed variables."""
+        base = {k: v for k, v in os.environ.items() if "proxy" not in k.lower() and k not in self.variables}
+        return {**base, **self.variables, **extra}
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        self.popen.wait(30)
+        self.popen.stdout.close()
+        self.log.close()
+
+
+def python_client(intercept: Intercept, code: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=intercept.env(), cwd=ROOT)
+    assert done.returncode == 0, done.stderr + intercept.stderr()
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def intercepted(scripted, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("intercept")
+    write_agent(directory, AGENT)
+    running = Intercept(directory, "--map", f"api.model.test={scripted.base_url}")
+    running.directory = directory
+    yield running
+    running.stop()
+
+
+def ran(directory: Path) -> list[list[str]]:
+    path = directory / "calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def lookup_then_answer(scripted, word: str) -> None:
+    scripted.script({"tool_calls": [call("lookup", {"word": word})]}, {"content": "Found: {tool_result}"})
+
+
+CHAT = """
+import json
+from openai import OpenAI
+client = OpenAI(base_url="https://api.model.test/v1", api_key="sk-agent-own")
+reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "look up fjord"}])
+print(json.dumps({"content": reply.choices[0].message.content, "calls": reply.choices[0].message.tool_calls}))
+"""
+
+
+def test_the_openai_client_at_its_vendor_url_gets_a_declared_tool_run_hidden(scripted, intercepted):
+    lookup_then_answer(scripted, "fjord")
+    answer = python_client(intercepted, CHAT)
+    assert answer["content"].strip() == 'Found: ran ["lookup", "fjord"]' and answer["calls"] is None
+    assert ["lookup", "fjord"] in ran(intercepted.directory)
+    first, second = scripted.requests()[-2:]
+    assert any(t["function"]["name"] == "lookup" for t in first["body"]["tools"])  # declared tools were offered
+    assert {k.lower(): v for k, v in second["headers"].items()}["authorization"] == "Bearer sk-agent-own"
+    assert not any(name.lower().startswith("x-toolkeeper") for r in (first, second) for name in r["headers"])
+
+
+def test_the_responses_api_and_the_anthropic_client_too(scripted, intercepted):
+    lookup_then_answer(scripted, "ria")
+    answer = python_client(intercepted, """
+import json
+from openai import OpenAI
+client = OpenAI(base_url="https://api.model.test/v1", api_key="sk-agent-own")
+print(json.dumps({"text": client.responses.create(model="m", input="look up ria").output_text}))
+""")
+    assert answer["text"].strip() == 'Found: ran ["lookup", "ria"]'
+    lookup_then_answer(scripted, "tor")
+    answer = python_client(intercepted, """
+import json, anthropic
+client = anthropic.Anthropic(base_url="https://api.model.test", api_key="sk-ant-own")
+message = client.messages.create(model="c", max_tokens=100, messages=[{"role": "user", "content": "look up tor"}])
+print(json.dumps({"text": "".join(b.text for b in message.content), "types": [b.type for b in message.content]}))
+""")
+    assert answer["types"] == ["text"] and 'ran ["lookup", "tor"]' in answer["text"]
+
+
+def test_streamed_text_before_the_call_arrives_before_the_call_ends(scripted, intercepted):
+    scripted.script({"content": "Checking the dictionary. ", "tool_calls": [call("slow_lookup", {"word": "scree"})]},
+                    {"content": "Done: {tool_result}"})
+    answer = python_client(intercepted, """
+import json, time
+from openai import OpenAI
+client = OpenAI(base_url="https://api.model.test/v1", api_key="sk-agent-own")
+stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "scree"}], stream=True)
+first, text = None, ""
+for chunk in stream:
+    if chunk.choices and chunk.choices[0].delta.content:
+        first = first or time.time()
+        text += chunk.choices[0].delta.content
+print(json.dumps({"first": first, "ended": time.time(), "text": text}))
+""")
+    assert answer["text"].strip() == 'Checking the dictionary. Done: ran ["slow_lookup", "scree"]'
+    assert answer["ended"] - answer["first"] > 1.0  # the first words came while the 1.5 s tool still ran
+
+
+def test_a_node_agent_with_the_preload_goes_through_the_proxy(scripted, intercepted):
+    preload = NPM / "toolkeeper-proxy.mjs"  # beside .npm/node_modules/undici, as the how-to says
+    shutil.copy(ROOT / "tests" / "clients" / "proxy_preload.mjs", preload)
+    lookup_then_answer(scripted, "karst")
+    done = subprocess.run(["node", str(ROOT / "tests" / "clients" / "intercepted_fetch.mjs"), "look up karst"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env=intercepted.env(NODE_OPTIONS=f"--import {preload}"))
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["status"] == 200 and answer["content"].strip() == 'Found: ran ["lookup", "karst"]'
+
+
+class RawTLSServer:
+    """An HTTPS server on 127.0.0.1 with its own certificate, keeping the bytes of each request it receives."""
+
+    def __init__(self, directory: Path):
+        self.cert, self.key = directory / "server.pem", directory / "server.key"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                        "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(self.key),
+                        "-out", str(self.cert)], check=True, capture_output=True)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.cert, self.key)
+        self.listener = context.wrap_socket(socket.create_server(("127.0.0.1", 0)), server_side=True)
+        self.port = self.listener.getsockname()[1]
+        self.received: list[bytes] = []
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            with connection:
+                data = b""
+                while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + 11:
+                    data += connection.recv(65536)
+                self.received.append(data)
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+
+def test_a_host_not_routed_is_received_exactly_as_sent(intercepted, tmp_path):
+    server = RawTLSServer(tmp_path)
+    sent = (f"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nAuthorization: Bearer k\r\n"
+            "X-Toolkeeper-Upstream: left as it is\r\nContent-Length: 11\r\n\r\nhello world").encode()
+    trust = ssl.create_default_context(cafile=str(server.cert))  # this server's own certificate, not mitmproxy's
+
+    def send(through_proxy: bool) -> bytes:
+        raw = socket.create_connection(("127.0.0.1", intercepted.port if through_proxy else server.port))
+        if through_proxy:
+            raw.sendall(f"CONNECT 127.0.0.1:{server.port} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode())
+            assert raw.recv(4096).startswith(b"HTTP/1.1 200")
+        with trust.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(sent)
+            answer = b""
+            while chunk := tls.recv(65536):
+                answer += chunk
+            return answer
+
+    assert send(False) == send(True)
+    assert server.received == [sent, sent]  # not intercepted: its certificate checked by the client, bytes untouched
+
+
+class Recorder:
+    """A plain HTTP server that should never be reached: it counts what reaches it."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
+        self.hits = 0
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            self.hits += 1
+            connection.close()
+
+
+def post(url: str, body: dict, headers: dict[str, str]) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        with refused:
+            return refused.code, json.loads(refused.read())
+
+
+def test_a_forged_upstream_header_redirects_nothing(scripted, intercepted):
+    evil = Recorder()
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    now = int(time.time())
+    for forged in (f"{evil.url} {now} {'0' * 64}", evil.url, f"{scripted.base_url} {now} {'ab' * 32}"):
+        status, answer = post(intercepted.toolkeeper + "/v1/chat/completions", body, {"X-Toolkeeper-Upstream": forged})
+        assert status == 400 and "X-Toolkeeper-Upstream" in answer["error"]["message"], answer
+    status, answer = post(intercepted.toolkeeper + "/v1/messages", {**body, "max_tokens": 5},
+                          {"X-Toolkeeper-Upstream": evil.url})
+    assert status == 400 and answer["type"] == "error"  # in the Messages API's own shape
+    scripted.script({"content": "the real model"})
+    answer = python_client(intercepted, f"""
+import json
+from openai import OpenAI
+client = OpenAI(base_url="https://api.model.test/v1", api_key="sk-agent-own",
+                default_headers={{"X-Toolkeeper-Upstream": "{evil.url} {now} {'0' * 64}"}})
+reply = client.chat.completions.create(model="m", messages=[{{"role": "user", "content": "hi"}}])
+print(json.dumps({{"content": reply.choices[0].message.content}}))
+""")
+    assert answer == {"content": "the real model"}
+    assert evil.hits == 0
+
+
+def test_with_toolkeeper_down_the_agent_gets_a_502_in_its_api_shape(scripted, intercepted):
+    """Last in this file: it kills the toolkeeper behind the proxy (intercept starts it again)."""
+    os.kill(intercepted.toolkeeper_pid, signal.SIGKILL)
+    code = """
+import json, anthropic
+from openai import OpenAI
+out = {}
+try:
+    OpenAI(base_url="https://api.model.test/v1", api_key="k", max_retries=0).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}])
+except Exception as exc:
+    out["chat"] = [exc.status_code, exc.body]
+try:
+    anthropic.Anthropic(base_url="https://api.model.test", api_key="k", max_retries=0).messages.create(
+        model="c", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+except Exception as exc:
+    out["messages"] = [exc.status_code, exc.body]
+print(json.dumps(out))
+"""
+    answer = python_client(intercepted, code)
+    assert answer["chat"][0] == 502 and "toolkeeper is not running" in answer["chat"][1]["message"]
+    assert answer["messages"][0] == 502 and answer["messages"][1]["type"] == "error"
+    deadline = time.monotonic() + 30
+    while "starting it again" not in intercepted.stderr() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    scripted.script({"content": "back"})
+    for _ in range(100):  # started again, on the same port
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", int(intercepted.toolkeeper.rsplit(":", 1)[1])), 1).close()
+            break
+        time.sleep(0.1)
+    assert python_client(intercepted, CHAT)["content"] == "back"
+
+
+def test_sigterm_stops_mitmdump_and_toolkeeper(scripted, tmp_path):
+    write_agent(tmp_path, AGENT)
+    running = Intercept(tmp_path, "--map", f"api.model.test={scripted.base_url}")
+    os.killpg(running.popen.pid, signal.SIGTERM)
+    assert running.popen.wait(30) == 0
+    for pid in (running.toolkeeper_pid, running.proxy_pid):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    running.popen.stdout.close()
+    running.log.close()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--route", "api.example.com=completions"], "API one of chat, responses, messages"),
+    (["--route", "api.example.com/v1/generate=chat"], "a chat path ends with /chat/completions"),
+    (["--map", "api.example.com=ftp://x"], "give HOST=URL"),
+    (["--confdir", "/etc/hostname/ca"], "cannot write mitmproxy's CA"),
+    (["--port", "{busy}"], "cannot listen on 127.0.0.1:"),
+])
+def test_what_cannot_work_is_refused_at_start(tmp_path, args, says):
+    write_agent(tmp_path, AGENT)
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        args = [a.replace("{busy}", str(busy.getsockname()[1])) for a in args]
+        done = subprocess.run([sys.executable, "-m", "toolkeeper", "intercept", str(tmp_path / "agent.yaml"),
+                               "--confdir", str(tmp_path / "ca"), *args], capture_output=True, text=True, timeout=60,
+                              cwd=ROOT)
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+def test_no_mitmproxy_environment_and_no_way_to_make_one_says_what_to_install(tmp_path):
+    write_agent(tmp_path, AGENT)
+    done = subprocess.run([sys.executable, "-m", "toolkeeper", "intercept", str(tmp_path / "agent.yaml"), "--confdir",
+                           str(tmp_path / "ca"), "--port", str(free_port())], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={**os.environ, "TOOLKEEPER_MITMPROXY_ENV": "/etc/hostname/env"})
+    assert done.returncode == 2 and "pip install mitmproxy==" in done.stderr, done.stderr
