@@ -299,11 +299,11 @@ print(json.dumps({{"content": reply.choices[0].message.content}}))
 
 def test_with_toolkeeper_down_the_agent_gets_a_502_in_its_api_shape(scripted, intercepted):
     """Last in this file: it kills the toolkeeper behind the proxy (intercept starts it again)."""
-    os.kill(intercepted.toolkeeper_pid, signal.SIGKILL)
     code = """
 import json, anthropic
 from openai import OpenAI
 out = {}
+input()  # imports done: toolkeeper is killed now, and these run before it can be started again
 try:
     OpenAI(base_url="https://api.model.test/v1", api_key="k", max_retries=0).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}])
@@ -316,7 +316,13 @@ except Exception as exc:
     out["messages"] = [exc.status_code, exc.body]
 print(json.dumps(out))
 """
-    answer = python_client(intercepted, code)
+    client = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=intercepted.env(), cwd=ROOT)
+    time.sleep(2)  # the client's imports
+    os.kill(intercepted.toolkeeper_pid, signal.SIGKILL)
+    time.sleep(0.1)
+    out, _ = client.communicate("go\n", timeout=60)
+    answer = json.loads(out.strip().splitlines()[-1])
     assert answer["chat"][0] == 502 and "toolkeeper is not running" in answer["chat"][1]["message"]
     assert answer["messages"][0] == 502 and answer["messages"][1]["type"] == "error"
     deadline = time.monotonic() + 30
