@@ -193,6 +193,27 @@ def test_a_node_agent_with_the_preload_goes_through_the_proxy(scripted, intercep
     assert answer["status"] == 200 and answer["content"].strip() == 'Found: ran ["lookup", "karst"]'
 
 
+def test_codex_at_its_vendor_url_through_the_proxy(scripted, intercepted, tmp_path):
+    """Codex (Rust) honours HTTPS_PROXY and SSL_CERT_FILE: the printed variables are all it needs."""
+    from test_codex import CODEX, CONFIG
+
+    home = tmp_path / "home"
+    (home / ".codex").mkdir(parents=True)
+    (home / ".codex" / "config.toml").write_text(CONFIG.format(base_url="https://api.model.test/v1"))
+    scripted.script({"content": "Let me look it up.", "tool_calls": [call("lookup", {"word": "sound"})]},
+                    {"content": "Found: {tool_result}"})
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "CODEX_HOME": str(home / ".codex"),
+           "TOOLKEEPER_TEST_KEY": "sk-codex-own", "NO_COLOR": "1", **intercepted.variables}
+    run = subprocess.run([str(CODEX), "exec", "--skip-git-repo-check", "--json", "What is a sound?"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    messages = [e["item"]["text"] for e in map(json.loads, filter(lambda line: line.startswith("{"),
+                                                                 run.stdout.splitlines()))
+                if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"]
+    assert messages[-1].strip() == 'Found: ran ["lookup", "sound"]' and "lookup" not in messages[0]
+    assert ["lookup", "sound"] in ran(intercepted.directory)
+
+
 class RawTLSServer:
     """An HTTPS server on 127.0.0.1 with its own certificate, keeping the bytes of each request it receives."""
 
