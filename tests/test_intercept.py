@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, call, write_agent
+from conftest import LOOKUP, ROOT, call, write_agent
 
 os.environ.setdefault("TOOLKEEPER_MITMPROXY_ENV", str(ROOT / ".mitmproxy-env"))  # scripts/test makes it
 NPM = ROOT / ".npm"
@@ -32,12 +32,7 @@ AGENT = """
     upstream: http://127.0.0.1:9/v1
     yolo: true
     tools:
-      - name: lookup
-        description: Look a word up.
-        parameters:
-          word: {type: string, description: "The word."}
-        command: ["{python}", "{tools}/record.py", "lookup", "{{word}}"]
-        env: {OUT: "{out}"}
+""" + LOOKUP + """
       - name: slow_lookup
         description: Look a word up, slowly.
         parameters:
@@ -214,7 +209,26 @@ def test_codex_at_its_vendor_url_through_the_proxy(scripted, intercepted, tmp_pa
     assert ["lookup", "sound"] in ran(intercepted.directory)
 
 
-class RawTLSServer:
+class Listener:
+    """A server on 127.0.0.1 in a thread of its own: `accepted` gets each connection."""
+
+    def __init__(self, listener: socket.socket):
+        self.listener = listener
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted(connection)
+
+    def accepted(self, connection: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class RawTLSServer(Listener):
     """An HTTPS server on 127.0.0.1 with its own certificate, keeping the bytes of each request it receives."""
 
     def __init__(self, directory: Path):
@@ -224,23 +238,17 @@ class RawTLSServer:
                         "-out", str(self.cert)], check=True, capture_output=True)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(self.cert, self.key)
-        self.listener = context.wrap_socket(socket.create_server(("127.0.0.1", 0)), server_side=True)
-        self.port = self.listener.getsockname()[1]
         self.received: list[bytes] = []
-        threading.Thread(target=self.serve, daemon=True).start()
+        super().__init__(context.wrap_socket(socket.create_server(("127.0.0.1", 0)), server_side=True))
+        self.port = self.listener.getsockname()[1]
 
-    def serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self.listener.accept()
-            except OSError:
-                return
-            with connection:
-                data = b""
-                while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + 11:
-                    data += connection.recv(65536)
-                self.received.append(data)
-                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+    def accepted(self, connection: socket.socket) -> None:
+        with connection:
+            data = b""
+            while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + 11:
+                data += connection.recv(65536)
+            self.received.append(data)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
 
 
 def test_a_host_not_routed_is_received_exactly_as_sent(intercepted, tmp_path):
@@ -265,23 +273,17 @@ def test_a_host_not_routed_is_received_exactly_as_sent(intercepted, tmp_path):
     assert server.received == [sent, sent]  # not intercepted: its certificate checked by the client, bytes untouched
 
 
-class Recorder:
+class Recorder(Listener):
     """A plain HTTP server that should never be reached: it counts what reaches it."""
 
     def __init__(self):
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
         self.hits = 0
-        threading.Thread(target=self.serve, daemon=True).start()
+        super().__init__(socket.create_server(("127.0.0.1", 0)))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
 
-    def serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self.listener.accept()
-            except OSError:
-                return
-            self.hits += 1
-            connection.close()
+    def accepted(self, connection: socket.socket) -> None:
+        self.hits += 1
+        connection.close()
 
 
 def post(url: str, body: dict, headers: dict[str, str]) -> tuple[int, dict]:
