@@ -395,3 +395,59 @@ def test_no_mitmproxy_environment_and_no_way_to_make_one_says_what_to_install(tm
                            str(tmp_path / "ca"), "--port", str(free_port())], capture_output=True, text=True,
                           timeout=120, cwd=ROOT, env={**os.environ, "TOOLKEEPER_MITMPROXY_ENV": "/etc/hostname/env"})
     assert done.returncode == 2 and "pip install mitmproxy==" in done.stderr, done.stderr
+
+
+ROUTING = """
+import json, os, sys
+from mitmproxy.test import tflow, tutils
+sys.path.insert(0, os.environ["ADDON_DIR"])
+import intercept_addon
+
+addon = intercept_addon.Interception()
+out = []
+for method, host, path in json.loads(sys.argv[1]):
+    flow = tflow.tflow(req=tutils.treq(method=method.encode(), host=host, port=443, scheme=b"https",
+                                      authority=host.encode(), path=path.encode(), headers=[]))
+    flow.request.headers["X-Toolkeeper-Upstream"] = "forged"
+    addon.requestheaders(flow)
+    signed = flow.request.headers.get("X-Toolkeeper-Upstream", "")
+    out.append([flow.request.url, signed.split(" ")[0] if signed else None])
+print(json.dumps(out))
+"""
+
+
+def test_the_addon_routes_each_api_path_keeps_the_query_and_signs_only_plain_hosts(tmp_path):
+    """The addon's routing table, in mitmproxy's own environment, on mitmproxy's test flows."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"toolkeeper": "http://127.0.0.1:7000", "maps": {"api.model.test":
+                                                                                  "http://127.0.0.1:8700/v1"},
+                                  "routes": [["api.openai.com", None, "chat"], ["api.openai.com", None, "responses"],
+                                             ["api.anthropic.com", None, "messages"],
+                                             ["*.openai.azure.com", None, "chat"],
+                                             ["chatgpt.com", "/backend-api/codex/responses", "responses"],
+                                             ["api.model.test", None, "chat"]]}))
+    cases = [("POST", "api.openai.com", "/v1/chat/completions"), ("GET", "api.openai.com", "/v1/responses/resp_1"),
+             ("POST", "api.anthropic.com", "/v1/messages/count_tokens"),
+             ("POST", "x.openai.azure.com", "/openai/deployments/d/chat/completions?api-version=2024-10-21"),
+             ("POST", "chatgpt.com", "/backend-api/codex/responses"), ("POST", "chatgpt.com", "/other/responses"),
+             ("GET", "api.openai.com", "/v1/models"), ("GET", "api.model.test", "/v1/models?x=1"),
+             ("POST", "API.OpenAI.com", "/v1/chat/completions"), ("POST", "a@api.openai.com", "/v1/chat/completions")]
+    python = Path(os.environ["TOOLKEEPER_MITMPROXY_ENV"]) / "bin" / "python"
+    done = subprocess.run([str(python), "-c", ROUTING, json.dumps(cases)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "TOOLKEEPER_INTERCEPT_CONFIG": str(config),
+                               "TOOLKEEPER_INTERCEPT_SECRET": "s",
+                               "ADDON_DIR": str(ROOT / "proxy" / "toolkeeper" / "wire")})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [
+        ["http://127.0.0.1:7000/v1/chat/completions", "https://api.openai.com/v1"],
+        ["http://127.0.0.1:7000/v1/responses/resp_1", "https://api.openai.com/v1"],
+        ["http://127.0.0.1:7000/v1/messages/count_tokens", "https://api.anthropic.com/v1"],
+        ["http://127.0.0.1:7000/v1/chat/completions?api-version=2024-10-21",
+         "https://x.openai.azure.com/openai/deployments/d"],
+        ["http://127.0.0.1:7000/v1/responses", "https://chatgpt.com/backend-api/codex"],
+        ["https://chatgpt.com/other/responses", None],  # not the routed path: untouched
+        ["https://api.openai.com/v1/models", None],  # not an API endpoint: passed through
+        ["http://127.0.0.1:8700/v1/models?x=1", None],  # a mapped host's other paths go to its URL
+        ["http://127.0.0.1:7000/v1/chat/completions", "https://api.openai.com/v1"],  # the host's case does not matter
+        ["https://a@api.openai.com/v1/chat/completions", None],  # not a plain host name: never signed
+    ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -43,6 +44,10 @@ DEFAULT_ROUTES = (
 )
 ADDON = Path(__file__).resolve().parent.parent / "wire" / "intercept_addon.py"
 VARIABLES = ("HTTPS_PROXY", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
+BUNDLE = "toolkeeper-ca-bundle.pem"
+HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
+MAX_RESTARTS = 5  # toolkeeper dying this many times in a row stops everything: something is wrong, say so
+PR_SET_PDEATHSIG = 1
 
 
 class Refused(Exception):
@@ -92,15 +97,17 @@ def plan_of(routes: list[str], maps: list[str]) -> Plan:
     for given in routes:
         where, _, api = given.rpartition("=")
         host, slash, path = where.partition("/")
-        if api not in ENDPOINTS or not host:
-            raise Refused(f"--route {given}: give HOST[/PATH]=API, API one of {', '.join(ENDPOINTS)}")
+        if api not in ENDPOINTS or not HOST_NAME.fullmatch(host.lower().removeprefix("*.")):
+            raise Refused(f"--route {given}: give HOST[/PATH]=API (a host name, no port; it may start with *.), "
+                          f"API one of {', '.join(ENDPOINTS)}")
         if slash and not ("/" + path).endswith(ENDPOINTS[api]):
             raise Refused(f"--route {given}: a {api} path ends with {ENDPOINTS[api]}")
         plan.routes.append((host.lower(), "/" + path if slash else None, api))
     for given in maps:
         host, _, url = given.partition("=")
-        if not host or urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
-            raise Refused(f"--map {given}: give HOST=URL, the URL http(s)://...")
+        if not HOST_NAME.fullmatch(host.lower()) or urlsplit(url).scheme not in ("http", "https") or not urlsplit(
+                url).netloc:
+            raise Refused(f"--map {given}: give HOST=URL, HOST one host name (no port, no *), the URL http(s)://...")
         plan.maps[host.lower()] = url.rstrip("/")
         plan.routes += [(host.lower(), None, api) for api in ENDPOINTS]
     return plan
@@ -150,7 +157,8 @@ def trust_store() -> str:
     paths = ssl.get_default_verify_paths()
     for candidate in (os.environ.get("SSL_CERT_FILE"), paths.cafile, paths.openssl_cafile,
                       "/etc/ssl/certs/ca-certificates.crt"):
-        if candidate and Path(candidate).is_file():
+        # never the bundle an earlier run printed: it trusts mitmproxy's own CA
+        if candidate and Path(candidate).is_file() and Path(candidate).name != BUNDLE:
             return candidate
     raise Refused("no system CA bundle found: set SSL_CERT_FILE to the CAs your clients trust")
 
@@ -181,34 +189,34 @@ class Interception:
         self.stopping = threading.Event()
 
     def start_toolkeeper(self) -> int:
-        """toolkeeper on a free loopback port, told the secret and the origins it may forward to: its port."""
-        env = {**os.environ, "TOOLKEEPER_INTERCEPT_SECRET": self.secret,
+        """toolkeeper on a free loopback port (the same one when started again), told the secret and the origins
+        it may forward to: its port."""
+        env = {**_child_environment(), "TOOLKEEPER_INTERCEPT_SECRET": self.secret,
                "TOOLKEEPER_INTERCEPT_UPSTREAMS": ",".join(self.plan.origins())}
-        self.toolkeeper = subprocess.Popen(
-            [sys.executable, "-m", "toolkeeper", "serve", self.agent_file, *self.serve_options, "--host", "127.0.0.1",
-             "--port", str(getattr(self, "toolkeeper_port", 0)), "--workers", "1"],
-            stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
-        line = self.toolkeeper.stdout.readline() if self.toolkeeper.stdout else ""
-        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)/", line)
+        self.toolkeeper = _start([sys.executable, "-m", "toolkeeper", "serve", self.agent_file, *self.serve_options,
+                                  "--host", "127.0.0.1", "--port", str(getattr(self, "toolkeeper_port", 0)),
+                                  "--workers", "1"], env, stdout=subprocess.PIPE)
+        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)/", _first_line(self.toolkeeper, 60))
         if not found:
-            self.toolkeeper.wait(10)
+            _stop([self.toolkeeper])
             raise Refused(f"toolkeeper did not start (exit {self.toolkeeper.returncode}): see its message above")
         threading.Thread(target=_copy, args=(self.toolkeeper.stdout,), daemon=True).start()
         self.toolkeeper_port = int(found.group(1))
         return self.toolkeeper_port
 
     def start_proxy(self, toolkeeper_port: int) -> None:
-        config = self.confdir / "toolkeeper-intercept.json"
+        config = self.confdir / f"toolkeeper-intercept-{self.port}.json"  # one per proxy sharing the confdir
         config.write_text(json.dumps({"toolkeeper": f"http://127.0.0.1:{toolkeeper_port}",
                                       "routes": self.plan.routes, "maps": self.plan.maps}))
-        env = {**os.environ, "TOOLKEEPER_INTERCEPT_CONFIG": str(config), "TOOLKEEPER_INTERCEPT_SECRET": self.secret}
+        config.chmod(0o600)
+        env = {**_child_environment(), "TOOLKEEPER_INTERCEPT_CONFIG": str(config),
+               "TOOLKEEPER_INTERCEPT_SECRET": self.secret}
         hosts = [argument for pattern in self.plan.allow_hosts() for argument in ("--allow-hosts", pattern)]
-        self.proxy = subprocess.Popen(
+        self.proxy = _start(
             [str(self.mitmdump), "--mode", "regular", "--listen-host", "127.0.0.1", "--listen-port", str(self.port),
              "--set", f"confdir={self.confdir}", "--set", "connection_strategy=lazy",
              "--set", f"ssl_verify_upstream_trusted_ca={trust_store()}", "--set", "termlog_verbosity=warn",
-             "--set", "flow_detail=0", *hosts, "-s", str(ADDON)],
-            env=env, start_new_session=True, stdout=sys.stderr)
+             "--set", "flow_detail=0", *hosts, "-s", str(ADDON)], env, stdout=sys.stderr)
         wait_for_port(self.port, self.proxy, "mitmdump")
 
     def variables(self) -> dict[str, str]:
@@ -216,59 +224,96 @@ class Interception:
         ca = self.confdir / "mitmproxy-ca-cert.pem"
         if not ca.is_file():
             raise Refused(f"mitmproxy did not write its CA in {self.confdir}")
-        bundle = self.confdir / "toolkeeper-ca-bundle.pem"
+        bundle = self.confdir / BUNDLE
         bundle.write_text(Path(trust_store()).read_text() + "\n" + ca.read_text())
         return dict(zip(VARIABLES, (f"http://127.0.0.1:{self.port}", str(bundle), str(bundle), str(ca)),
                         strict=True))
 
     def run(self, export: bool) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.on_signal)
+        signal.signal(signal.SIGHUP, self.on_reload)
         try:
             self.start_proxy(self.start_toolkeeper())
             variables = self.variables()
+            for name, value in variables.items():
+                print(f"{'export ' if export else ''}{name}={value}", flush=True)
+            print(f"toolkeeper: intercepting on 127.0.0.1:{self.port} ({self.what}, pid {self.proxy.pid}); "
+                  f"toolkeeper on http://127.0.0.1:{self.toolkeeper_port} (pid {self.toolkeeper.pid})",
+                  file=sys.stderr, flush=True)
+            return self.watch()
         except (Refused, OSError) as exc:
             print(f"toolkeeper: {exc}", file=sys.stderr)
-            self.stop()
             return 2
-        for name, value in variables.items():
-            print(f"{'export ' if export else ''}{name}={value}", flush=True)
-        print(f"toolkeeper: intercepting on 127.0.0.1:{self.port} ({self.what}, pid {self.proxy.pid}); toolkeeper "
-              f"on http://127.0.0.1:{self.toolkeeper_port} (pid {self.toolkeeper.pid})", file=sys.stderr, flush=True)
-        return self.watch()
+        finally:
+            _stop([self.proxy, self.toolkeeper])
 
     def watch(self) -> int:
         """Until a signal: a toolkeeper that dies is started again; a mitmdump that dies stops everything."""
+        failures = 0
         while not self.stopping.wait(0.2):
             if self.proxy.poll() is not None:
                 print(f"toolkeeper: mitmdump stopped (exit {self.proxy.returncode})", file=sys.stderr)
-                self.stop()
                 return 1
-            if self.toolkeeper.poll() is not None and not self.stopping.is_set():
-                print(f"toolkeeper: toolkeeper stopped (exit {self.toolkeeper.returncode}); starting it again",
-                      file=sys.stderr, flush=True)
-                time.sleep(1)  # never a hot loop; meanwhile the agent gets a 502
-                try:
-                    self.start_toolkeeper()
-                except Refused as exc:
-                    print(f"toolkeeper: {exc}", file=sys.stderr)
-        self.stop()
+            if self.toolkeeper.poll() is None:
+                continue
+            failures += 1
+            if failures > MAX_RESTARTS:
+                raise Refused(f"toolkeeper stopped {MAX_RESTARTS} times in a row: stopping")
+            print(f"toolkeeper: toolkeeper stopped (exit {self.toolkeeper.returncode}); starting it again",
+                  file=sys.stderr, flush=True)
+            time.sleep(1)  # never a hot loop; meanwhile the agent gets a 502
+            with contextlib.suppress(Refused):
+                self.start_toolkeeper()
+                failures = 0
         return 0
 
     def on_signal(self, signum: int, frame: object) -> None:
         self.stopping.set()
 
-    def stop(self) -> None:
-        for process in (self.proxy, self.toolkeeper):
-            if process is not None and process.poll() is None:
-                _signal_group(process, signal.SIGTERM)
-        for process in (self.proxy, self.toolkeeper):
-            if process is not None:
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    _signal_group(process, signal.SIGKILL)
-                    process.wait(5)
+    def on_reload(self, signum: int, frame: object) -> None:
+        """SIGHUP: toolkeeper reads its agent file and rules again (as `serve` does)."""
+        if self.toolkeeper is not None and self.toolkeeper.poll() is None:
+            self.toolkeeper.send_signal(signal.SIGHUP)
+
+
+def _child_environment() -> dict[str, str]:
+    """This environment without any TOOLKEEPER_INTERCEPT_* of an earlier run (its secret would win)."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("TOOLKEEPER_INTERCEPT_")}
+
+
+def _start(argv: list[str], env: dict[str, str], stdout) -> subprocess.Popen:
+    """A child in a session of its own (stopped with its children), its stdin closed (consent goes through the
+    approvals channel, not a terminal it shares with the shell), and SIGTERMed if this process dies."""
+    return subprocess.Popen(argv, env=env, stdout=stdout, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True, preexec_fn=_die_with_parent)
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _first_line(process: subprocess.Popen, timeout: float) -> str:
+    """The child's first line of output, or "" when it says nothing within `timeout` seconds."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.append(process.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return lines[0] if lines else ""
+
+
+def _stop(processes: list[subprocess.Popen | None]) -> None:
+    """SIGTERM to each one's process group, SIGKILL past 10 s."""
+    running = [p for p in processes if p is not None and p.poll() is None]
+    for process in running:
+        _signal_group(process, signal.SIGTERM)
+    for process in running:
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            _signal_group(process, signal.SIGKILL)
+            process.wait(5)
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:

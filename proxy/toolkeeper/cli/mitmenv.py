@@ -11,6 +11,7 @@ on a Python >= 3.12 when one is installed, else 11.0.2 on Python 3.11.
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import json
 import os
@@ -39,8 +40,8 @@ def default_directory() -> Path:
 
 def _version_of(python: str) -> tuple[int, int] | None:
     try:
-        done = subprocess.run([python, "-c", "import sys, venv; print(*sys.version_info[:2])"], capture_output=True,
-                              text=True, timeout=20)
+        done = subprocess.run([python, "-c", "import sys, venv, ensurepip; print(*sys.version_info[:2])"],
+                              capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if done.returncode != 0:
@@ -68,19 +69,50 @@ def find_python() -> tuple[str, tuple[int, int]]:
     return fallback
 
 
+def _made(directory: Path) -> dict | None:
+    try:
+        return json.loads((directory / MARK).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _runs(mitmdump: Path) -> bool:
+    try:
+        return subprocess.run([str(mitmdump), "--version"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def mitmdump(directory: Path | None = None, *, say=print) -> tuple[Path, str]:
-    """The environment's mitmdump and what it is ("mitmproxy 12.3.1 on Python 3.13"), made first if needed."""
+    """The environment's mitmdump and what it is ("mitmproxy 12.3.1 on Python 3.13"), made first if needed: one
+    maker at a time (a lock beside it), its mark written last, so a half-made one is made again."""
     directory = directory or default_directory()
-    mark, found = directory / MARK, directory / "bin" / "mitmdump"
-    if found.exists():  # made here before, or by hand
-        return found, json.loads(mark.read_text())["what"] if mark.exists() else f"the mitmproxy in {directory}"
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        with open(directory.parent / f".{directory.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return _found_or_made(directory, say)
+    except OSError as exc:
+        raise EnvironmentProblem(
+            f"cannot make mitmproxy's environment in {directory}: {exc.strerror or exc}. Set {ENV_VARIABLE} to a "
+            f"folder toolkeeper may write, or to one made by hand (python3.12 -m venv DIR && DIR/bin/pip install "
+            f"mitmproxy=={NEWEST}; on Python 3.11, mitmproxy=={FOR_311})") from None
+
+
+def _found_or_made(directory: Path, say) -> tuple[Path, str]:
+    made, found = _made(directory), directory / "bin" / "mitmdump"
+    if found.exists() and (made or {}).get("state", "made") == "made" and _runs(found):
+        return found, made["what"] if made else f"the mitmproxy in {directory}"  # made here, or by hand
+    if directory.exists() and any(directory.iterdir()) and made is None:
+        raise EnvironmentProblem(f"{directory} is not empty and is not a mitmproxy environment toolkeeper made: "
+                                 f"set {ENV_VARIABLE} to another folder")
     python, version = find_python()
     release = NEWEST if version >= (3, 12) else FOR_311
     what = f"mitmproxy {release} on Python {version[0]}.{version[1]}"
     say(f"toolkeeper: making mitmproxy's environment in {directory} ({what}); this happens once")
     try:
-        directory.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([python, "-m", "venv", "--clear", str(directory)], check=True, capture_output=True, text=True)
+        (directory / MARK).write_text(json.dumps({"state": "making", "what": what}))
         subprocess.run([str(directory / "bin" / "python"), "-m", "pip", "install", "--quiet",
                         "--disable-pip-version-check", f"mitmproxy=={release}"], check=True, capture_output=True,
                        text=True)
@@ -90,5 +122,5 @@ def mitmdump(directory: Path | None = None, *, say=print) -> tuple[Path, str]:
             f"cannot make mitmproxy's environment in {directory}: {detail[0]}. Make it yourself ({python} -m venv "
             f"{directory} && {directory}/bin/pip install mitmproxy=={release}), or set {ENV_VARIABLE} to one "
             "that has mitmdump") from None
-    mark.write_text(json.dumps({"what": what, "release": release}))
+    (directory / MARK).write_text(json.dumps({"state": "made", "what": what, "release": release}))
     return directory / "bin" / "mitmdump", what

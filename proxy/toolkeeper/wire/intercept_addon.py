@@ -7,9 +7,12 @@ nothing of toolkeeper. `toolkeeper intercept` (cli/intercept.py) sets:
                                   api], ...], "maps": {host: url}}
     TOOLKEEPER_INTERCEPT_SECRET   the key of the X-Toolkeeper-Upstream signature
 
-A POST to a routed host and path (an API's endpoint: /chat/completions,
-/responses, /messages) goes to toolkeeper, which forwards it to the original
-server (or the mapped URL) named in a signed X-Toolkeeper-Upstream header.
+A request to a routed host and one of its API's endpoints (POST
+/chat/completions; POST /responses and GET /responses/{id}; POST /messages and
+/messages/count_tokens) goes to toolkeeper, which forwards it to the original
+server (or the mapped URL) named in a signed X-Toolkeeper-Upstream header. The
+host is the one the client's tunnel named (what mitmproxy decrypted), checked
+to be a plain host name, never the Host header alone.
 Other requests to a mapped host go to its URL; everything else is untouched.
 The connection strategy is lazy, so a re-routed flow never connects to (or
 looks up) its original host. Any X-Toolkeeper-* header an agent sends is
@@ -24,12 +27,20 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import time
 from urllib.parse import urlsplit
 
 from mitmproxy import http
 
 ENDPOINTS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
+# The requests toolkeeper answers for each API: method, and a pattern the end of the path must match.
+TOOLKEEPER_PATHS = {
+    "chat": (("POST", r"/chat/completions"),),
+    "responses": (("POST", r"/responses"), ("GET", r"/responses/[A-Za-z0-9_-]+")),
+    "messages": (("POST", r"/messages"), ("POST", r"/messages/count_tokens")),
+}
+HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
 OWN_HEADERS = "x-toolkeeper-"
 HEADER = "X-Toolkeeper-Upstream"
 TOOLKEEPER_API = "toolkeeper_api"  # a re-routed flow's metadata: which API it speaks
@@ -37,6 +48,13 @@ TOOLKEEPER_API = "toolkeeper_api"  # a re-routed flow's metadata: which API it s
 
 def _host_matches(pattern: str, host: str) -> bool:
     return host.endswith(pattern[1:]) if pattern.startswith("*.") else host == pattern
+
+
+def _after_v1(path: str) -> str:
+    """The path under /v1 (which a mapped URL stands for), or the path itself when it is not under /v1."""
+    if path == "/v1":
+        return ""
+    return path[3:] if path.startswith("/v1/") else path
 
 
 def _error(api: str, message: str) -> bytes:
@@ -56,19 +74,21 @@ class Interception:
         self.routes = [(host, path or None, api) for host, path, api in config["routes"]]
         self.maps = {host: url.rstrip("/") for host, url in config["maps"].items()}
 
-    def _api_of(self, host: str, path: str, method: str) -> str | None:
-        if method != "POST":
-            return None
+    def _route_of(self, host: str, path: str, method: str) -> tuple[str, str, str] | None:
+        """(API, the path before its endpoint, the endpoint) of a request toolkeeper answers; None otherwise."""
         for pattern, exact, api in self.routes:
-            if _host_matches(pattern, host) and path.endswith(ENDPOINTS[api]) and exact in (None, path):
-                return api
+            if not _host_matches(pattern, host):
+                continue
+            for verb, tail in TOOLKEEPER_PATHS[api]:
+                found = re.search(f"({tail})$", path)
+                if verb == method and found and (exact is None or exact == path[: found.start()] + ENDPOINTS[api]):
+                    return api, path[: found.start()], found.group(1)
         return None
 
-    def _upstream(self, scheme: str, host: str, port: int, path: str, api: str) -> str:
-        """The base URL toolkeeper posts the API's endpoint under: the original server's, or the mapped one."""
-        prefix = path[: -len(ENDPOINTS[api])]
+    def _upstream(self, scheme: str, host: str, port: int, prefix: str) -> str:
+        """The base URL toolkeeper sends the API's endpoint under: the original server's, or the mapped one."""
         if host in self.maps:
-            return self.maps[host] + (prefix[3:] if prefix.startswith("/v1") else prefix)
+            return self.maps[host] + _after_v1(prefix)
         default = {"https": 443, "http": 80}.get(scheme)
         return f"{scheme}://{host}{'' if port == default else f':{port}'}{prefix}"
 
@@ -81,20 +101,22 @@ class Interception:
         request = flow.request
         for name in [name for name in request.headers if name.lower().startswith(OWN_HEADERS)]:
             del request.headers[name]
-        host = request.pretty_host
+        host = request.host.lower().rstrip(".")  # the tunnel's host: what was decrypted, and where it would go
+        if not HOST_NAME.fullmatch(host):
+            return  # not a plain host name (an address, userinfo, an escape): never routed, never signed
         path, _, query = request.path.partition("?")
-        api = self._api_of(host, path, request.method)
-        if api is not None:
-            upstream = self._upstream(request.scheme, host, request.port, path, api)
+        query = f"?{query}" if query else ""
+        route = self._route_of(host, path, request.method)
+        if route is not None:
+            api, prefix, endpoint = route
             flow.metadata[TOOLKEEPER_API] = api
-            request.headers[HEADER] = self._sign(upstream)
-            self._send_to(request, "http", *self.toolkeeper, "/v1" + ENDPOINTS[api] + (f"?{query}" if query else ""))
+            request.headers[HEADER] = self._sign(self._upstream(request.scheme, host, request.port, prefix))
+            self._send_to(request, "http", *self.toolkeeper, "/v1" + endpoint + query)
         elif host in self.maps:
             target = urlsplit(self.maps[host])
-            rest = path[3:] if path.startswith("/v1") else path
-            base = target.path if path.startswith("/v1") else ""
-            self._send_to(request, target.scheme, target.hostname or "", target.port or
-                          (443 if target.scheme == "https" else 80), base + rest + (f"?{query}" if query else ""))
+            port = target.port or (443 if target.scheme == "https" else 80)
+            base = target.path if _after_v1(path) != path or path == "/v1" else ""
+            self._send_to(request, target.scheme, target.hostname or "", port, base + _after_v1(path) + query)
             request.stream = True
 
     @staticmethod

@@ -58,15 +58,27 @@ class InterceptedUpstream:
         if abs(time.time() - float(stamp)) > MAX_AGE:
             raise ValueError(f"{HEADER} is stale")
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not self._routes(parts.scheme, parts.netloc):
+        try:
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"{HEADER} is malformed") from None
+        if parts.username is not None or parts.password is not None or not self._routes(parts.scheme, parts.hostname,
+                                                                                        port):
             raise ValueError(f"{HEADER} names {parts.scheme}://{parts.netloc}, which interception does not route")
         return url
 
-    def _routes(self, scheme: str, netloc: str) -> bool:
-        if f"{scheme}://{netloc}" in self.routed:
-            return True
-        wildcards = [origin[len(scheme) + 4:] for origin in self.routed if origin.startswith(f"{scheme}://*.")]
-        return ":" not in netloc and any(netloc.endswith(suffix) for suffix in wildcards)  # *.openai.azure.com
+    def _routes(self, scheme: str, host: str | None, port: int | None) -> bool:
+        """An origin interception routes: by scheme, host name and port, never by the text of a netloc."""
+        if scheme not in ("http", "https") or not host:
+            return False
+        default = 443 if scheme == "https" else 80
+        for origin in self.routed:
+            routed = urlsplit(origin)
+            pattern = routed.netloc.rsplit(":", 1)[0] if routed.port else routed.netloc
+            same_host = host == pattern or (pattern.startswith("*.") and host.endswith(pattern[1:]))
+            if routed.scheme == scheme and same_host and (routed.port or default) == (port or default):
+                return True
+        return False
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:

@@ -75,7 +75,7 @@ class ResponsesAPI(AgentAPI):
         neutral = {"messages": messages_from_input(body["input"], referenced),
                    **{key: body[key] for key in ENGINE_KEYS if key in body}}
         model = ResponsesModel(upstream_for(request, self.upstream), request.headers, body,
-                               self.engine.hidden_names(neutral))
+                               self.engine.hidden_names(neutral), request.query_string)
         events = self.engine.run(neutral, model, context)
         if body.get("stream"):
             writer = ResponsesWriter(request, model, self.keepalive)
@@ -150,9 +150,11 @@ class ResponsesAPI(AgentAPI):
 class ResponsesModel(RelayingModel):
     """The engine's Model for the Responses API: one upstream response per round."""
 
-    def __init__(self, upstream: Upstream, headers: Mapping[str, str], body: dict[str, Any], hidden: set[str]):
+    def __init__(self, upstream: Upstream, headers: Mapping[str, str], body: dict[str, Any], hidden: set[str],
+                 query: str = ""):
         super().__init__(hidden, bool(body.get("stream")))
         self.upstream = upstream
+        self.query = f"?{query}" if query else ""  # the agent's (Azure's api-version): the model server's too
         self.headers = {**forward_headers(headers, upstream.api_key), "Content-Type": "application/json"}
         self.body = body
         self.chain = next((key for key in CHAIN_KEYS if body.get(key)), None)
@@ -191,8 +193,8 @@ class ResponsesModel(RelayingModel):
     async def round(self, body: dict[str, Any]) -> AsyncIterator[Visible | Round]:
         self.reader = ResponsesReader(self.hidden)
         try:
-            async for event in self.post(self.upstream, self.upstream.url("/responses"), dumps(self.request(body)),
-                                         self.headers):
+            async for event in self.post(self.upstream, self.upstream.url("/responses") + self.query,
+                                         dumps(self.request(body)), self.headers):
                 yield event
         except (MalformedResponse, EventTooLarge) as exc:
             code = "upstream_too_large" if isinstance(exc, EventTooLarge) else "upstream_malformed"
