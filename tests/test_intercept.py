@@ -209,6 +209,28 @@ def test_codex_at_its_vendor_url_through_the_proxy(scripted, intercepted, tmp_pa
     assert ["lookup", "sound"] in ran(intercepted.directory)
 
 
+def test_claude_code_at_its_vendor_url_through_the_proxy(scripted, intercepted, tmp_path):
+    """Claude Code (Node) reads HTTPS_PROXY itself: HTTPS_PROXY and NODE_EXTRA_CA_CERTS are all it needs."""
+    from test_claude_code import CLAUDE
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    scripted.script({"content": "Let me look it up.", "tool_calls": [call("lookup", {"word": "moraine"})]},
+                    {"content": "Found: {tool_result}"})
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "TERM": "dumb", "ANTHROPIC_BASE_URL": "https://api.model.test",
+           "ANTHROPIC_API_KEY": "sk-ant-own", "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
+           "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           "HTTPS_PROXY": intercepted.variables["HTTPS_PROXY"],
+           "NODE_EXTRA_CA_CERTS": intercepted.variables["NODE_EXTRA_CA_CERTS"]}
+    run = subprocess.run([str(CLAUDE), "-p", "What is a moraine?", "--output-format", "json"], capture_output=True,
+                         text=True, timeout=120, cwd=work, env=env, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stdout + run.stderr
+    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    assert answer["result"].strip() == 'Found: ran ["lookup", "moraine"]' and not answer["is_error"]
+    assert ["lookup", "moraine"] in ran(intercepted.directory)
+
+
 class Listener:
     """A server on 127.0.0.1 in a thread of its own: `accepted` gets each connection."""
 
