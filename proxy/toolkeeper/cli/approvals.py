@@ -79,7 +79,8 @@ def list_command(base: str) -> int:
         why = f"rule {approval['rule']}: {approval['why']}" if approval.get("rule") else approval.get("why") or "?"
         header = f" ({approval['agent_header']})" if approval.get("agent_header") else ""
         print(printable(f"{approval['id']}  {approval['tool']}({arguments})  argv {json.dumps(approval['argv'])}"))
-        print(printable(f"    why: {why}; agent {approval['agent']}{header}; waiting {approval['age']:.0f} s"))
+        left = f", {approval['left']:.0f} s left" if approval.get("left") is not None else ""
+        print(printable(f"    why: {why}; agent {approval['agent']}{header}; waiting {approval['age']:.0f} s{left}"))
     return 0
 
 

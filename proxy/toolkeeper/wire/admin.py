@@ -156,7 +156,9 @@ def approvals_api(store: Store) -> Callable[[web.Application], None]:
 
     async def listing(request: web.Request) -> web.Response:
         now = time.time()
-        waiting = [{**a, "age": round(now - a["created"], 1)} for a in await store.list_approvals("waiting")]
+        waiting = [{**a, "age": round(now - a["created"], 1),
+                    "left": round(a["expires"] - now, 1) if a.get("expires") else None}
+                   for a in await store.list_approvals("waiting")]
         return web.json_response({"approvals": waiting})  # ASCII JSON: control characters arrive escaped
 
     async def answer(request: web.Request) -> web.Response:
