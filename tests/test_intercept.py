@@ -176,6 +176,31 @@ print(json.dumps({"first": first, "ended": time.time(), "text": text}))
     assert answer["ended"] - answer["first"] > 1.0  # the first words came while the 1.5 s tool still ran
 
 
+def test_streamed_responses_and_messages_through_the_proxy(scripted, intercepted):
+    lookup_then_answer(scripted, "tarn")
+    answer = python_client(intercepted, """
+import json
+from openai import OpenAI
+client = OpenAI(base_url="https://api.model.test/v1", api_key="sk-agent-own")
+events = list(client.responses.create(model="m", input="look up tarn", stream=True))
+done = [e for e in events if e.type == "response.completed"][0].response
+print(json.dumps({"text": done.output_text, "types": sorted({e.type for e in events}),
+                  "numbers": [e.sequence_number for e in events]}))
+""")
+    assert answer["text"].strip() == 'Found: ran ["lookup", "tarn"]'
+    assert not any("function_call" in kind for kind in answer["types"]) and answer["numbers"] == sorted(answer["numbers"])
+    lookup_then_answer(scripted, "cirque")
+    answer = python_client(intercepted, """
+import json, anthropic
+client = anthropic.Anthropic(base_url="https://api.model.test", api_key="sk-ant-own")
+with client.messages.stream(model="c", max_tokens=100, messages=[{"role": "user", "content": "cirque"}]) as stream:
+    message = stream.get_final_message()
+print(json.dumps({"text": "".join(b.text for b in message.content if b.type == "text"),
+                  "types": [b.type for b in message.content]}))
+""")
+    assert 'ran ["lookup", "cirque"]' in answer["text"] and "tool_use" not in answer["types"]
+
+
 def test_a_node_agent_with_the_preload_goes_through_the_proxy(scripted, intercepted):
     preload = NPM / "toolkeeper-proxy.mjs"  # beside .npm/node_modules/undici, as the how-to says
     shutil.copy(ROOT / "tests" / "clients" / "proxy_preload.mjs", preload)
