@@ -391,6 +391,9 @@ print(json.dumps(out))
     time.sleep(2)  # the client's imports
     os.kill(intercepted.toolkeeper_pid, signal.SIGKILL)
     time.sleep(0.1)
+    port = int(intercepted.toolkeeper.rsplit(":", 1)[1])
+    with pytest.raises(OSError):  # held meanwhile: no other process takes the port and receives the agents' keys
+        socket.create_server(("127.0.0.1", port)).close()
     out, _ = client.communicate("go\n", timeout=60)
     answer = json.loads(out.strip().splitlines()[-1])
     assert answer["chat"][0] == 502 and "toolkeeper is not running" in answer["chat"][1]["message"]

@@ -80,6 +80,8 @@ class Settings:
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
     admin_token: str | None = option(None, f"the admin API's token, from ${TOKEN_VARIABLE}", flag=False,
                                      secret=True)
+    reuse_port: bool = option(False, "listen with SO_REUSEPORT, so that a supervisor holding the port (toolkeeper "
+                                     "intercept) keeps it between restarts", flag=False)
     intercept_secret: str | None = option(None, "the key `toolkeeper intercept` signs X-Toolkeeper-Upstream with "
                                                 "(it sets it for the toolkeeper it starts)", flag=False, secret=True)
     intercept_upstreams: tuple[str, ...] = option((), "the origins (https://host) `toolkeeper intercept` routes: "

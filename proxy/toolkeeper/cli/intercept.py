@@ -33,6 +33,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from toolkeeper.cli import mitmenv
+from toolkeeper.cli.workers import reserve_port
 
 ENDPOINTS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
 # host, exact path (None: any path ending in the API's endpoint), API
@@ -184,24 +185,25 @@ class Interception:
         self.agent_file, self.plan, self.confdir, self.port = agent_file, plan, confdir, port
         self.mitmdump, self.what, self.serve_options = mitmdump, what, serve_options
         self.secret = secrets.token_hex(32)
+        # toolkeeper's port, held for the whole run (bound, never listening): a toolkeeper started again gets it
+        # back, and no other user's process can take it meanwhile and receive the agents' keys
+        self.reserved = reserve_port("127.0.0.1", 0)
+        self.toolkeeper_port = self.reserved.getsockname()[1]
         self.toolkeeper: subprocess.Popen | None = None
         self.proxy: subprocess.Popen | None = None
         self.stopping = threading.Event()
 
     def start_toolkeeper(self) -> int:
-        """toolkeeper on a free loopback port (the same one when started again), told the secret and the origins
-        it may forward to: its port."""
+        """toolkeeper on the reserved loopback port, told the secret and the origins it may forward to: its port."""
         env = {**_child_environment(), "TOOLKEEPER_INTERCEPT_SECRET": self.secret,
-               "TOOLKEEPER_INTERCEPT_UPSTREAMS": ",".join(self.plan.origins())}
+               "TOOLKEEPER_INTERCEPT_UPSTREAMS": ",".join(self.plan.origins()), "TOOLKEEPER_REUSE_PORT": "1"}
         self.toolkeeper = _start([sys.executable, "-m", "toolkeeper", "serve", self.agent_file, *self.serve_options,
-                                  "--host", "127.0.0.1", "--port", str(getattr(self, "toolkeeper_port", 0)),
-                                  "--workers", "1"], env, stdout=subprocess.PIPE)
-        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)/", _first_line(self.toolkeeper, 60))
-        if not found:
+                                  "--host", "127.0.0.1", "--port", str(self.toolkeeper_port), "--workers", "1"], env,
+                                 stdout=subprocess.PIPE)
+        if "listening on" not in _first_line(self.toolkeeper, 60):
             _stop([self.toolkeeper])
             raise Refused(f"toolkeeper did not start (exit {self.toolkeeper.returncode}): see its message above")
         threading.Thread(target=_copy, args=(self.toolkeeper.stdout,), daemon=True).start()
-        self.toolkeeper_port = int(found.group(1))
         return self.toolkeeper_port
 
     def start_proxy(self, toolkeeper_port: int) -> None:
@@ -247,6 +249,7 @@ class Interception:
             return 2
         finally:
             _stop([self.proxy, self.toolkeeper])
+            self.reserved.close()
 
     def watch(self) -> int:
         """Until a signal: a toolkeeper that dies is started again; a mitmdump that dies stops everything."""

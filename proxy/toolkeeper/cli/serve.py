@@ -76,7 +76,7 @@ async def serve(agent, settings: Settings, *, worker: bool = False, ready_fd: in
     # keepalive_timeout also closes a connection that never completes its request's headers
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.idle_timeout)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=worker)
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=worker or settings.reuse_port)
     try:
         await site.start()
     except OSError as exc:
