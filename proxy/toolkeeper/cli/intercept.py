@@ -187,7 +187,7 @@ class Interception:
         self.secret = secrets.token_hex(32)
         # toolkeeper's port, held for the whole run (bound, never listening): a toolkeeper started again gets it
         # back, and no other user's process can take it meanwhile and receive the agents' keys
-        self.reserved = reserve_port("127.0.0.1", 0)
+        self.reserved = reserve_port("127.0.0.1", 0, shared_address=False)
         self.toolkeeper_port = self.reserved.getsockname()[1]
         self.toolkeeper: subprocess.Popen | None = None
         self.proxy: subprocess.Popen | None = None

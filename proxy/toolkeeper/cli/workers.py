@@ -149,11 +149,14 @@ class Supervisor:
                 os.waitpid(pid, 0)
 
 
-def reserve_port(host: str, port: int) -> socket.socket:
-    """A socket bound to the port and never listening: it holds the port (and resolves port 0) for the workers."""
+def reserve_port(host: str, port: int, *, shared_address: bool = True) -> socket.socket:
+    """A socket bound to the port and never listening: it holds the port (and resolves port 0) for the workers.
+    `shared_address=False`: no SO_REUSEADDR, so only a socket with SO_REUSEPORT of the same user can bind beside
+    it (Linux lets any two non-listening SO_REUSEADDR sockets share a port, and one of them may then listen)."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     reserved = socket.socket(family, socket.SOCK_STREAM)
-    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared_address:  # a fixed port: bound again at once after a restart, past the old connections' TIME_WAIT
+        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         reserved.bind((host, port))
