@@ -75,7 +75,9 @@ class Plan:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("intercept", help="toolkeeper for an agent that cannot change its base URL: an "
-                                 "HTTPS proxy (mitmproxy) that re-routes its model requests through toolkeeper")
+                                 "HTTPS proxy (mitmproxy) that re-routes its model requests through toolkeeper",
+                                 epilog="After --, options for the toolkeeper it starts, as for serve: toolkeeper "
+                                 "intercept agent.yaml --port 8080 -- --policy rules.yaml --consent approvals")
     parser.add_argument("agent_file", nargs="?", help="the agent file (declared tools), as for serve")
     parser.add_argument("--port", type=int, default=8080, help="the proxy's port, on 127.0.0.1 (default 8080)")
     parser.add_argument("--route", action="append", default=[], metavar="HOST[/PATH]=API",
