@@ -576,3 +576,24 @@ def test_verify_is_intact_while_calls_are_written_and_with_big_integers(tmp_path
             writing.join(30)
         assert all(intact for intact, _ in verdicts), verdicts
         audit.close()
+
+
+@STORES
+def test_calls_an_older_release_wrote_in_turns_with_this_one_are_indexed(tmp_path, kind):
+    """A rolling upgrade: events without index rows, between indexed ones, are indexed at open or by the readiness
+    check; the search matches what was typed, any script, and ASCII letters in either case."""
+    with fresh_trail(kind, tmp_path) as where:
+        audit = open_audit(where)
+        _calls(audit, 12, time.time())
+        audit.refused(ExecutionRecord(tool="lookup", runner="argv", call_id="u", status="invalid",
+                                      arguments={"word": "Ärger Fjord"}))
+        ids = [e.record_id for e in audit.records()]
+        tamper(where, "DELETE FROM audit_calls WHERE record_id IN (?, ?)", (ids[3], ids[7]))  # written by the old one
+        assert audit.count() == 11
+        audit.check()  # the newest event is indexed: the check costs one lookup and changes nothing
+        assert audit.count() == 11
+        tamper(where, "DELETE FROM audit_calls WHERE record_id = ?", (ids[-1],))
+        audit.check()  # the newest is not: everything missing is indexed
+        assert audit.count() == 13 and audit.verify()[0]
+        assert audit.count(search="Ärger") == 1 and audit.count(search="fjord") == 1
+        audit.close()

@@ -48,6 +48,11 @@ UPSERT = (f"INSERT INTO audit_calls ({', '.join(FIRST_COLUMNS)}) VALUES ({', '.j
           f"ON CONFLICT (record_id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in STATE_COLUMNS)} "
           "WHERE audit_calls.last_seq < excluded.last_seq")
 
+# Each event beside the index row of its call (NULL: none); the events the index does not reflect yet.
+NEWEST_INDEXED = "SELECT e.seq, c.last_seq FROM audit_events e LEFT JOIN audit_calls c ON c.record_id = e.record_id"
+UNINDEXED = ("SELECT e.seq, e.body FROM audit_events e LEFT JOIN audit_calls c ON c.record_id = e.record_id "
+             "WHERE c.last_seq IS NULL OR c.last_seq < e.seq ORDER BY e.seq")
+
 # A filter's name, and the SQL test of one row it adds (one `?` each).
 EQUALS = ("tool", "status", "agent", "source", "decision_source", "rule", "approver", "header", "request_id")
 BOUNDS = {"since": "time >= ?", "until": "time < ?", "until_seq": "last_seq <= ?"}
@@ -76,8 +81,9 @@ def rows_of_chain(events: list[tuple[int, dict[str, Any]]]) -> dict[str, tuple]:
     return rows
 
 
-def where(filters: dict[str, Any]) -> tuple[str, list[Any]]:
-    """The WHERE clause choosing calls by their current state, and its parameters."""
+def where(filters: dict[str, Any], like: str = "LIKE") -> tuple[str, list[Any]]:
+    """The WHERE clause choosing calls by their current state, and its parameters. `like`: the dialect's
+    case-insensitive LIKE (SQLite's LIKE folds ASCII letters; PostgreSQL's ILIKE)."""
     tests, params = ["1 = 1"], []
     for name in EQUALS:
         if filters.get(name) is not None:
@@ -90,14 +96,15 @@ def where(filters: dict[str, Any]) -> tuple[str, list[Any]]:
     if filters.get("search"):
         # in the JSON of the arguments; LIKE's own wildcards in the text are taken literally
         text = str(filters["search"]).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        tests.append("LOWER(arguments) LIKE ? ESCAPE '\\'")  # either case, on SQLite and PostgreSQL alike
-        params.append(f"%{text.lower()}%")
+        tests.append(f"arguments {like} ? ESCAPE '\\'")
+        params.append(f"%{text}%")
     return " AND ".join(tests), params
 
 
-def page_query(filters: dict[str, Any], before: int | None, after: int | None, size: int) -> tuple[str, list]:
+def page_query(filters: dict[str, Any], before: int | None, after: int | None, size: int,
+               like: str = "LIKE") -> tuple[str, list]:
     """The record ids of one page, newest first: older than `before`, or newer than `after` (read upwards)."""
-    clause, params = where(filters)
+    clause, params = where(filters, like)
     if after is not None:
         return (f"SELECT record_id, first_seq FROM audit_calls WHERE {clause} AND first_seq > ? "  # noqa: S608
                 f"ORDER BY first_seq ASC LIMIT {int(size) + 1}", [*params, after])

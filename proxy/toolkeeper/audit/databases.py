@@ -64,7 +64,9 @@ class SQLiteAudit(SQLAudit):
 
 class PostgresAudit(SQLAudit):
     floor = "CAST(FLOOR({}) AS INTEGER)"
-    snapshot_begin = "BEGIN ISOLATION LEVEL REPEATABLE READ"
+    # one snapshot for the whole walk, with no statement timeout: a large trail takes longer than a write may
+    snapshot_begin = ("BEGIN ISOLATION LEVEL REPEATABLE READ", "SET LOCAL statement_timeout = 0")
+    like = "ILIKE"
     lock_chain = "SELECT pg_advisory_xact_lock(7335001)"
     remote = True
     placeholder = "%s"

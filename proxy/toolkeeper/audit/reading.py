@@ -42,7 +42,8 @@ class TrailReader:
     """Needs of SQLAudit: _query, _execute, _locked, connection, snapshot, failure."""
 
     floor = "CAST({} AS INTEGER)"  # SQLite's cast truncates; PostgreSQL's rounds, so its dialect says FLOOR
-    snapshot_begin = "BEGIN"  # SQLite: the first read fixes what the transaction sees
+    snapshot_begin: tuple[str, ...] = ("BEGIN",)  # SQLite: the first read fixes what the transaction sees
+    like = "LIKE"  # case-insensitive for ASCII letters on SQLite
     failure: tuple[type[Exception], ...] = ()
 
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
@@ -60,7 +61,7 @@ class TrailReader:
     def records(self, *, limit: int | None = None, **filters: Any) -> list[AuditEntry]:
         """One entry per call, its events merged, oldest first; `limit`: only the newest that many. Filters:
         calls.FILTERS (tool, status, agent, source, approver, rule, header, since, until, search, ...)."""
-        clause, params = where(filters)
+        clause, params = where(filters, self.like)
         query = f"SELECT record_id FROM audit_calls WHERE {clause} ORDER BY first_seq DESC"  # noqa: S608
         if limit is not None:
             query += f" LIMIT {int(limit)}"
@@ -69,7 +70,7 @@ class TrailReader:
     def page(self, filters: dict[str, Any], before: int | None = None, after: int | None = None,
              size: int = PAGE_SIZE) -> Page:
         """One keyset page of the calls that match, newest first."""
-        sql, params = page_query(filters, before, after, size)
+        sql, params = page_query(filters, before, after, size, self.like)
         rows = self._query(sql, params)
         more = len(rows) > size
         rows = rows[:size]
@@ -84,7 +85,7 @@ class TrailReader:
         return Page(entries, last if older_exists else None, first if newer_exists else None)
 
     def _any(self, filters: dict[str, Any], test: str, seq: int) -> bool:
-        clause, params = where(filters)
+        clause, params = where(filters, self.like)
         return bool(self._query(f"SELECT 1 FROM audit_calls WHERE {clause} AND {test} LIMIT 1", [*params, seq]))  # noqa: S608
 
     def _entries(self, ids: list[str]) -> list[AuditEntry]:
@@ -99,7 +100,7 @@ class TrailReader:
         return [entry_of(row) for row in merged.values() if row]
 
     def count(self, **filters: Any) -> int:
-        clause, params = where(filters)
+        clause, params = where(filters, self.like)
         return self._query(f"SELECT COUNT(*) FROM audit_calls WHERE {clause}", params)[0][0]  # noqa: S608
 
     def distinct(self, column: str) -> list[str]:
@@ -182,7 +183,8 @@ class TrailReader:
         with self._locked() if shared else contextlib.nullcontext():
             db = self.connection() if shared else own
             try:
-                self._execute(self.snapshot_begin, (), db)
+                for statement in self.snapshot_begin:
+                    self._execute(statement, (), db)
                 yield lambda sql, params=(): self._execute(sql, params, db).fetchall()
                 self._execute("COMMIT", (), db)
             except self.failure as exc:

@@ -46,7 +46,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
-from toolkeeper.audit.calls import CALLS_SCHEMA, UPSERT, call_row
+from toolkeeper.audit.calls import CALLS_SCHEMA, NEWEST_INDEXED, UNINDEXED, UPSERT, call_row
 from toolkeeper.audit.events import GENESIS, INDEXED_FIELDS, AuditError, alive, chain_hash, event_body
 from toolkeeper.audit.reading import TrailReader
 from toolkeeper.audit.record import ExecutionRecord
@@ -242,15 +242,14 @@ class SQLAudit(TrailReader):
         return closed
 
     def catch_up(self) -> int:
-        """Index the calls of events the index does not hold yet (a trail from before it): how many events."""
+        """Index the events the index does not reflect (a trail from before it, an older release writing beside
+        this one, in turns with it): how many events."""
         with self._locked():
             self._execute(self.begin)
             try:
                 if self.lock_chain:
                     self._execute(self.lock_chain)
-                done = self._execute("SELECT COALESCE(MAX(last_seq), 0) FROM audit_calls").fetchone()[0]
-                rows = self._execute("SELECT seq, body FROM audit_events WHERE seq > ? ORDER BY seq",
-                                     (done,)).fetchall()
+                rows = self._execute(UNINDEXED).fetchall()
                 for seq, body in rows:
                     self._execute(UPSERT, call_row(event_body(body), seq))
                 self._execute("COMMIT")
@@ -261,16 +260,11 @@ class SQLAudit(TrailReader):
         return len(rows)
 
     def check(self) -> None:
-        """For /readyz: raises when the trail cannot be read, or its last write failed. On the writer's
-        connection, so a long read (a verify, an export) never makes a replica look down. Events an older
-        release wrote beside this one (a rolling upgrade) are indexed here."""
-        with self._locked():
-            try:
-                events, indexed = self._execute("SELECT (SELECT COALESCE(MAX(seq), 0) FROM audit_events), "
-                                                "(SELECT COALESCE(MAX(last_seq), 0) FROM audit_calls)").fetchone()
-            except self.failure as exc:
-                raise AuditError(f"the audit trail cannot be read: {exc}") from exc
-        if events > indexed:
+        """For /readyz: raises when the trail cannot be read, or its last write failed. One lookup of the newest
+        event (a verify reads on a connection of its own, so it never makes a replica look down); when an older
+        release wrote it (a rolling upgrade), what the index lacks is indexed here."""
+        newest = self._query(f"{NEWEST_INDEXED} ORDER BY e.seq DESC LIMIT 1")
+        if newest and (newest[0][1] is None or newest[0][1] < newest[0][0]):
             self.catch_up()
         if self.last_failure:
             raise AuditError(f"the last record could not be written: {self.last_failure}")

@@ -47,12 +47,17 @@ ADDON = Path(__file__).resolve().parent.parent / "wire" / "intercept_addon.py"
 VARIABLES = ("HTTPS_PROXY", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
 BUNDLE = "toolkeeper-ca-bundle.pem"
 HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
-MAX_RESTARTS = 5  # toolkeeper dying this many times in a row stops everything: something is wrong, say so
+MAX_RESTARTS = 5  # toolkeeper dying more often than this within RESTART_WINDOW stops everything: say so
+RESTART_WINDOW = 60.0
 PR_SET_PDEATHSIG = 1
 
 
 class Refused(Exception):
     """What stops `intercept` at start: the message says what to change."""
+
+
+class Stopped(Exception):
+    """A signal to stop came while starting."""
 
 
 @dataclass
@@ -194,6 +199,7 @@ class Interception:
         self.toolkeeper: subprocess.Popen | None = None
         self.proxy: subprocess.Popen | None = None
         self.stopping = threading.Event()
+        self.watching = False
 
     def start_toolkeeper(self) -> int:
         """toolkeeper on the reserved loopback port, told the secret and the origins it may forward to: its port."""
@@ -245,7 +251,10 @@ class Interception:
             print(f"toolkeeper: intercepting on 127.0.0.1:{self.port} ({self.what}, pid {self.proxy.pid}); "
                   f"toolkeeper on http://127.0.0.1:{self.toolkeeper_port} (pid {self.toolkeeper.pid})",
                   file=sys.stderr, flush=True)
+            self.watching = True
             return self.watch()
+        except Stopped:
+            return 0
         except (Refused, OSError) as exc:
             print(f"toolkeeper: {exc}", file=sys.stderr)
             return 2
@@ -255,26 +264,27 @@ class Interception:
 
     def watch(self) -> int:
         """Until a signal: a toolkeeper that dies is started again; a mitmdump that dies stops everything."""
-        failures = 0
+        deaths: list[float] = []
         while not self.stopping.wait(0.2):
             if self.proxy.poll() is not None:
                 print(f"toolkeeper: mitmdump stopped (exit {self.proxy.returncode})", file=sys.stderr)
                 return 1
             if self.toolkeeper.poll() is None:
                 continue
-            failures += 1
-            if failures > MAX_RESTARTS:
-                raise Refused(f"toolkeeper stopped {MAX_RESTARTS} times in a row: stopping")
+            deaths = [t for t in deaths if t > time.monotonic() - RESTART_WINDOW] + [time.monotonic()]
+            if len(deaths) > MAX_RESTARTS:
+                raise Refused(f"toolkeeper stopped {len(deaths)} times within {RESTART_WINDOW:g} s: stopping")
             print(f"toolkeeper: toolkeeper stopped (exit {self.toolkeeper.returncode}); starting it again",
                   file=sys.stderr, flush=True)
             time.sleep(1)  # never a hot loop; meanwhile the agent gets a 502
             with contextlib.suppress(Refused):
                 self.start_toolkeeper()
-                failures = 0
         return 0
 
     def on_signal(self, signum: int, frame: object) -> None:
         self.stopping.set()
+        if not self.watching:  # still starting: stop at once (run's `finally` stops what has started)
+            raise Stopped
 
     def on_reload(self, signum: int, frame: object) -> None:
         """SIGHUP: toolkeeper reads its agent file and rules again (as `serve` does)."""
@@ -294,9 +304,18 @@ def _start(argv: list[str], env: dict[str, str], stdout) -> subprocess.Popen:
                             start_new_session=True, preexec_fn=_die_with_parent)
 
 
-def _die_with_parent() -> None:
+def _libc_prctl():
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        return ctypes.CDLL(None, use_errno=True).prctl
+    return None
+
+
+PRCTL = _libc_prctl()  # looked up here, before any fork: the child only calls it
+
+
+def _die_with_parent() -> None:
+    if PRCTL is not None:
+        PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _first_line(process: subprocess.Popen, timeout: float) -> str:

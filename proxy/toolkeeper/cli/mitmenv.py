@@ -87,11 +87,13 @@ def mitmdump(directory: Path | None = None, *, say=print) -> tuple[Path, str]:
     """The environment's mitmdump and what it is ("mitmproxy 12.3.1 on Python 3.13"), made first if needed: one
     maker at a time (a lock beside it), its mark written last, so a half-made one is made again."""
     directory = directory or default_directory()
+    if found := _found(directory):  # no lock to read one that is there (its folder may be read-only)
+        return found
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
-        with open(directory.parent / f".{directory.name}.lock", "w") as lock:
+        with open(directory.parent / f"{directory.name}.toolkeeper-lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            return _found_or_made(directory, say)
+            return _found(directory) or _made_now(directory, say)
     except OSError as exc:
         raise EnvironmentProblem(
             f"cannot make mitmproxy's environment in {directory}: {exc.strerror or exc}. Set {ENV_VARIABLE} to a "
@@ -99,10 +101,18 @@ def mitmdump(directory: Path | None = None, *, say=print) -> tuple[Path, str]:
             f"mitmproxy=={NEWEST}; on Python 3.11, mitmproxy=={FOR_311})") from None
 
 
-def _found_or_made(directory: Path, say) -> tuple[Path, str]:
-    made, found = _made(directory), directory / "bin" / "mitmdump"
-    if found.exists() and (made or {}).get("state", "made") == "made" and _runs(found):
-        return found, made["what"] if made else f"the mitmproxy in {directory}"  # made here, or by hand
+def _found(directory: Path) -> tuple[Path, str] | None:
+    """An environment made here (its mark says so: trusted without running it), or by hand (it must run)."""
+    made, mitmdump = _made(directory), directory / "bin" / "mitmdump"
+    if not mitmdump.exists():
+        return None
+    if made is not None:
+        return (mitmdump, made["what"]) if made.get("state") == "made" else None
+    return (mitmdump, f"the mitmproxy in {directory}") if _runs(mitmdump) else None
+
+
+def _made_now(directory: Path, say) -> tuple[Path, str]:
+    made = _made(directory)
     if directory.exists() and any(directory.iterdir()) and made is None:
         raise EnvironmentProblem(f"{directory} is not empty and is not a mitmproxy environment toolkeeper made: "
                                  f"set {ENV_VARIABLE} to another folder")

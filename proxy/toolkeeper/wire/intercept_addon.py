@@ -122,7 +122,8 @@ class Interception:
     @staticmethod
     def _send_to(request: http.Request, scheme: str, host: str, port: int, path: str) -> None:
         request.scheme, request.host, request.port, request.path = scheme, host, port, path
-        request.host_header = host if port in (80, 443) else f"{host}:{port}"
+        name = f"[{host}]" if ":" in host else host  # an IPv6 literal
+        request.host_header = name if port in (80, 443) else f"{name}:{port}"
 
     async def request(self, flow: http.HTTPFlow) -> None:
         """A re-routed flow whose toolkeeper does not answer gets the 502 its API would send, never a hang."""

@@ -74,7 +74,7 @@ class InterceptedUpstream:
         default = 443 if scheme == "https" else 80
         for origin in self.routed:
             routed = urlsplit(origin)
-            pattern = routed.netloc.rsplit(":", 1)[0] if routed.port else routed.netloc
+            pattern = routed.hostname or ""  # lowercased, an IPv6 literal without its brackets
             same_host = host == pattern or (pattern.startswith("*.") and host.endswith(pattern[1:]))
             if routed.scheme == scheme and same_host and (routed.port or default) == (port or default):
                 return True

@@ -232,9 +232,10 @@ async def passthrough(request: web.Request, *, path: str | None = None, body: by
             for name, value in answer.headers.items():
                 if name.lower() not in HOP_BY_HOP and not _sets_own_cookie(name, value):
                     response.headers.add(name, value)
-            if "html" in answer.headers.get("Content-Type", ""):
-                # a page of the model server shares the console's origin: it may show, never script it
-                response.headers["Content-Security-Policy"] = "sandbox"
+            # whatever the model server sends shares the console's origin: it may show, never script it (an SVG, a
+            # page with no or a wrong Content-Type included); API clients ignore both headers
+            response.headers["Content-Security-Policy"] = "sandbox"
+            response.headers["X-Content-Type-Options"] = "nosniff"
             await response.prepare(request)
             async for chunk in answer.content.iter_any():
                 await response.write(chunk)

@@ -108,10 +108,12 @@ class Sessions:
         wait = self.refused_for(address)
         if wait:
             return wait
-        if address not in self.failures and len(self.failures) >= 10_000:  # the oldest go first, not everyone
+        if address not in self.failures and len(self.failures) >= 10_000:  # the least recent go, not everyone
             for stale in list(self.failures)[:1000]:
                 del self.failures[stale]
-        self.failures.setdefault(address, deque()).append(time.monotonic())
+        failures = self.failures.pop(address, deque())
+        failures.append(time.monotonic())
+        self.failures[address] = failures  # last in the dict's order: the most recent
         return 0.0
 
     def succeeded(self, address: str) -> None:
