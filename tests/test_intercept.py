@@ -7,6 +7,7 @@ runs in a process of its own, configured only with the variables `intercept` pri
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -103,7 +104,7 @@ def python_client(intercept: Intercept, code: str) -> dict:
 def intercepted(scripted, tmp_path_factory):
     directory = tmp_path_factory.mktemp("intercept")
     write_agent(directory, AGENT)
-    running = Intercept(directory, "--map", f"api.model.test={scripted.base_url}")
+    running = Intercept(directory, "--map", f"api.model.test={scripted.base_url}", "--route", "localhost=chat")
     running.directory = directory
     yield running
     running.stop()
@@ -274,6 +275,12 @@ class Listener:
     def accepted(self, connection: socket.socket) -> None:
         raise NotImplementedError
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.listener.close()
+
 
 class RawTLSServer(Listener):
     """An HTTPS server on 127.0.0.1 with its own certificate, keeping the bytes of each request it receives."""
@@ -299,7 +306,11 @@ class RawTLSServer(Listener):
 
 
 def test_a_host_not_routed_is_received_exactly_as_sent(intercepted, tmp_path):
-    server = RawTLSServer(tmp_path)
+    with RawTLSServer(tmp_path) as server:
+        _compare_direct_and_through(intercepted, server)
+
+
+def _compare_direct_and_through(intercepted: Intercept, server: RawTLSServer) -> None:
     sent = (f"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nAuthorization: Bearer k\r\n"
             "X-Toolkeeper-Upstream: left as it is\r\nContent-Length: 11\r\n\r\nhello world").encode()
     trust = ssl.create_default_context(cafile=str(server.cert))  # this server's own certificate, not mitmproxy's
@@ -318,6 +329,20 @@ def test_a_host_not_routed_is_received_exactly_as_sent(intercepted, tmp_path):
 
     assert send(False) == send(True)
     assert server.received == [sent, sent]  # not intercepted: its certificate checked by the client, bytes untouched
+
+
+def test_a_routed_hosts_other_requests_are_verified_against_the_trust_store(intercepted, tmp_path):
+    """localhost is routed (so decrypted): its other requests go on to it, but only to a certificate the system
+    trusts, as the agent would have checked. This server's own certificate is not one."""
+    with RawTLSServer(tmp_path) as server:
+        trust = ssl.create_default_context(cafile=intercepted.variables["SSL_CERT_FILE"])
+        connection = http.client.HTTPSConnection("127.0.0.1", intercepted.port, context=trust, timeout=30)
+        connection.set_tunnel("localhost", server.port)
+        connection.request("GET", "/v1/models")
+        answer = connection.getresponse()
+        assert answer.status == 502 and b"certificate" in answer.read().lower()
+        connection.close()
+        assert server.received == []  # refused at the handshake: nothing was sent to it
 
 
 class Recorder(Listener):
@@ -345,7 +370,11 @@ def post(url: str, body: dict, headers: dict[str, str]) -> tuple[int, dict]:
 
 
 def test_a_forged_upstream_header_redirects_nothing(scripted, intercepted):
-    evil = Recorder()
+    with Recorder() as evil:
+        _forge(scripted, intercepted, evil)
+
+
+def _forge(scripted, intercepted: Intercept, evil: Recorder) -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     now = int(time.time())
     for forged in (f"{evil.url} {now} {'0' * 64}", evil.url, f"{scripted.base_url} {now} {'ab' * 32}"):
