@@ -35,6 +35,8 @@ from urllib.parse import urlsplit
 from toolkeeper.cli import mitmenv
 from toolkeeper.cli.workers import reserve_port
 
+# The addon (wire/intercept_addon.py) keeps its own copies of ENDPOINTS and HOST_NAME, since it imports nothing of
+# toolkeeper; tests/test_intercept.py checks that the copies agree.
 ENDPOINTS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
 # host, exact path (None: any path ending in the API's endpoint), API
 DEFAULT_ROUTES = (
