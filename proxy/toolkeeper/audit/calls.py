@@ -56,7 +56,6 @@ UNINDEXED = ("SELECT e.seq, e.body FROM audit_events e LEFT JOIN audit_calls c O
 # A filter's name, and the SQL test of one row it adds (one `?` each).
 EQUALS = ("tool", "status", "agent", "source", "decision_source", "rule", "approver", "header", "request_id")
 BOUNDS = {"since": "time >= ?", "until": "time < ?", "until_seq": "last_seq <= ?"}
-FILTERS = (*EQUALS, *BOUNDS, "search")
 PAGE_SIZE = 50
 
 

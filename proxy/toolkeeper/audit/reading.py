@@ -60,7 +60,7 @@ class TrailReader:
 
     def records(self, *, limit: int | None = None, **filters: Any) -> list[AuditEntry]:
         """One entry per call, its events merged, oldest first; `limit`: only the newest that many. Filters:
-        calls.FILTERS (tool, status, agent, source, approver, rule, header, since, until, search, ...)."""
+        calls.where's (tool, status, agent, source, approver, rule, header, since, until, search, ...)."""
         clause, params = where(filters, self.like)
         query = f"SELECT record_id FROM audit_calls WHERE {clause} ORDER BY first_seq DESC"  # noqa: S608
         if limit is not None:
@@ -119,13 +119,8 @@ class TrailReader:
         return {name: self._query(sql, params) for name, (sql, params) in queries.items()}
 
     def record(self, record_id: str) -> AuditEntry | None:
-        rows = self._query("SELECT seq, body FROM audit_events WHERE record_id = ? ORDER BY seq", (record_id,))
-        if not rows:
-            return None
-        merged: dict[str, Any] = {}
-        for seq, body in rows:
-            merged.update(event_body(body), seq=seq)
-        return entry_of(merged)
+        entries = self._entries([record_id])
+        return entries[0] if entries else None
 
     def record_by_prefix(self, prefix: str) -> AuditEntry | None:
         """The record whose id starts with `prefix`; raises LookupError when it names more than one."""

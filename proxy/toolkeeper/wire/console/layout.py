@@ -81,10 +81,15 @@ def options(values: Iterable[str], selected: str | None, anything: str = "any") 
     return "".join(chosen)
 
 
-def link(path: str, query: dict[str, Any] | None = None) -> str:
-    """An escaped href under the console, with the non-empty values of `query`."""
+def url(path: str, query: dict[str, Any] | None = None) -> str:
+    """A URL under the console, with the non-empty values of `query` (a redirect's Location)."""
     kept = {key: value for key, value in (query or {}).items() if value not in (None, "")}
-    return escape(PREFIX + path + (f"?{urlencode(kept)}" if kept else ""))
+    return PREFIX + path + (f"?{urlencode(kept)}" if kept else "")
+
+
+def link(path: str, query: dict[str, Any] | None = None) -> str:
+    """The same, escaped for an href."""
+    return escape(url(path, query))
 
 
 def csrf_field(request: web.Request) -> str:

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from toolkeeper.store import Store
 from toolkeeper.wire.admin import MASTER, answer_approval
-from toolkeeper.wire.console.layout import csrf_field, field, link, page, show, when
+from toolkeeper.wire.console.layout import csrf_field, field, link, page, show, url, when
 from toolkeeper.wire.sessions import Sessions
 
 # What a page says after an answer: fixed sentences, so a link cannot make the page say anything else.
@@ -141,12 +141,12 @@ class QueuePage:
                                              always=verb == "always", reason=str(form.get("reason", ""))[:500])
         code = "gone" if status != 200 else "denied" if verb == "deny" else (
             "once" if said.get("note") else "always" if verb == "always" else "approved")
-        raise web.HTTPSeeOther(link("/queue", {"said": code, "id": approval_id}).replace("&amp;", "&"))
+        raise web.HTTPSeeOther(url("/queue", {"said": code, "id": approval_id}))
 
     async def revoke(self, request: web.Request) -> web.Response:
         grant_id = request.match_info["id"]
         code = "revoked" if await self.store.revoke(grant_id) else "no-grant"
-        raise web.HTTPSeeOther(link("/queue", {"said": code, "id": grant_id}).replace("&amp;", "&"))
+        raise web.HTTPSeeOther(url("/queue", {"said": code, "id": grant_id}))
 
     async def _notice(self, code: str, subject: str) -> str:
         if code not in NOTICES:
