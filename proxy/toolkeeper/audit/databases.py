@@ -22,6 +22,7 @@ from toolkeeper.audit.redaction import Redactor
 from toolkeeper.audit.trail import SCHEMA, WRITE_WAIT, SQLAudit
 from toolkeeper.database import connect_arguments, cut, is_postgres_url, without_password
 
+OPEN_WAIT = 15.0  # seconds a process starting waits for another one creating or indexing the trail
 SCHEMA_LOCK = 7335002  # an advisory lock: replicas starting together create the schema one at a time
 
 
@@ -34,6 +35,8 @@ class SQLiteAudit(SQLAudit):
         super().__init__(redactor)
         self.path = str(path)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=WRITE_WAIT)
+        # at start, workers opening one new file wait for each other longer than a call waits for a write
+        self._db.execute(f"PRAGMA busy_timeout={int(OPEN_WAIT * 1000)}")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA.format(serial="INTEGER PRIMARY KEY AUTOINCREMENT", key="INTEGER PRIMARY KEY",
@@ -44,6 +47,7 @@ class SQLiteAudit(SQLAudit):
             self._reader = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
                                            timeout=WRITE_WAIT)
         self.catch_up()
+        self._db.execute(f"PRAGMA busy_timeout={int(WRITE_WAIT * 1000)}")
 
     def connection(self) -> sqlite3.Connection:
         return self._db

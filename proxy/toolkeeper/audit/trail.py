@@ -243,7 +243,10 @@ class SQLAudit(TrailReader):
 
     def catch_up(self) -> int:
         """Index the events the index does not reflect (a trail from before it, an older release writing beside
-        this one, in turns with it): how many events."""
+        this one, in turns with it): how many events. A look without the write lock first: processes starting
+        together on an indexed trail never queue for it."""
+        if not self._query(UNINDEXED + " LIMIT 1"):
+            return 0
         with self._locked():
             self._execute(self.begin)
             try:
