@@ -101,7 +101,7 @@ def _post(url: str, payload: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def scripted():
-    process = Process([sys.executable, "-m", "toolkeeper.wire.scripted", "--port", "0"], "listening on")
+    process = Process([sys.executable, "-m", "toolkeeper.scripted", "--port", "0"], "listening on")
     yield Scripted(process)
     process.stop()
 

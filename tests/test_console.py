@@ -24,7 +24,7 @@ from test_approvals import AGENT as APPROVALS_AGENT
 from test_approvals import TOKEN, Asking, serve
 
 from toolkeeper.audit import ExecutionRecord, open_audit
-from toolkeeper.wire.sessions import MAX_FAILURES, Sessions
+from toolkeeper.wire.admin.sessions import MAX_FAILURES, Sessions
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's; scripts/test installs it
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

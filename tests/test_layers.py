@@ -3,6 +3,9 @@
 Read from the source with `ast`, so a lazy import inside a function counts too.
 
     wire/     HTTP: adapters, upstream, admin API, pages    may use engine, policy, audit, tools
+      apis/{chat,responses,messages}/   one room per API: none imports another's; all share apis/base, relay
+      admin/, intercept/                never an API's room; intercept/routing.py and the addon: no toolkeeper
+      upstream.py, errors.py, sse.py    the generic client: no API's room
     engine/   the tool loop, one declared call, history     never wire, never aiohttp
     tools/    the declaration                               nothing of runners, policy, engine, audit, wire
     runners/  argv, wasm                                    never decides (policy), records (audit) or
@@ -10,6 +13,7 @@ Read from the source with `ast`, so a lazy import inside a function counts too.
     policy/   decisions, rules, OPA, consent, approvals     never aiohttp, never the engine
     audit/    the record and the trail                      nothing else of toolkeeper
     store/    history, links, retry memo, approvals (SQL)   nothing else of toolkeeper
+    scripted/ the scripted model (a dev tool)               nothing else of toolkeeper, and nothing but cli/ uses it
     common, database, settings, metrics: leaves every layer may use; app.py and cli/ compose them all.
 """
 
@@ -22,7 +26,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "proxy" / "toolkeeper"
-LAYERS = ("wire", "engine", "tools", "runners", "policy", "audit", "store", "cli")
+LAYERS = ("wire", "engine", "tools", "runners", "policy", "audit", "store", "cli", "scripted")
 LEAVES = ("toolkeeper.common", "toolkeeper.database", "toolkeeper.settings", "toolkeeper.metrics")
 FORBIDDEN = {
     "engine": {"toolkeeper.wire", "toolkeeper.cli", "toolkeeper.app", "aiohttp"},
@@ -37,8 +41,13 @@ FORBIDDEN = {
     "store": {"toolkeeper.wire", "toolkeeper.engine", "toolkeeper.tools", "toolkeeper.runners",
               "toolkeeper.policy", "toolkeeper.audit", "toolkeeper.cli", "toolkeeper.app", "toolkeeper.metrics",
               "toolkeeper.settings"},
-    "wire": {"toolkeeper.runners", "toolkeeper.cli", "toolkeeper.app"},
+    "wire": {"toolkeeper.runners", "toolkeeper.cli", "toolkeeper.app", "toolkeeper.scripted"},
 }
+for _layer in ("engine", "tools", "runners", "policy", "audit", "store"):
+    FORBIDDEN[_layer].add("toolkeeper.scripted")
+FORBIDDEN["scripted"] = {f"toolkeeper.{name}" for name in LAYERS if name != "scripted"} | set(LEAVES) | {
+    "toolkeeper.app"}
+API_ROOMS = ("chat", "responses", "messages")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -116,6 +125,45 @@ def test_no_import_circle():
 
     for module in graph:
         visit(module, [])
+
+
+def test_each_api_room_keeps_to_itself():
+    """An API's room may use the shared adapter parts, never another API's room (the facade gathers them)."""
+    broken = []
+    for module, path in modules().items():
+        room = _api_room(module)
+        if module == "toolkeeper.wire.apis":
+            continue
+        for name in imports(path):
+            other = _api_room(name)
+            if other and other != room:
+                broken.append(f"{module} imports {name}")
+    assert not broken
+
+
+def test_the_generic_rooms_of_wire_know_no_api():
+    """The upstream client, the error shapes, admin and interception serve every API and know none."""
+    broken = []
+    for module, path in modules().items():
+        if module.startswith(("toolkeeper.wire.admin", "toolkeeper.wire.intercept")) or module in (
+                "toolkeeper.wire.upstream", "toolkeeper.wire.errors", "toolkeeper.wire.sse", "toolkeeper.wire.guard"):
+            broken += [f"{module} imports {name}" for name in imports(path) if name.startswith("toolkeeper.wire.apis")]
+    assert not broken
+
+
+def test_what_the_mitmproxy_addon_runs_imports_nothing_of_toolkeeper():
+    """The addon runs in mitmproxy's own environment: it and the routing it shares with toolkeeper use the
+    standard library (and mitmproxy) alone."""
+    folder = PACKAGE / "wire" / "intercept"
+    assert imports(folder / "routing.py") <= {"__future__", "hashlib", "hmac", "re"}
+    assert not {name for name in imports(folder / "addon.py") if name.startswith("toolkeeper")}
+    assert "routing" in imports(folder / "addon.py")
+
+
+def _api_room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[3] if parts[:3] == ["toolkeeper", "wire", "apis"] and len(parts) > 3 and parts[3] in API_ROOMS \
+        else None
 
 
 def test_modules_and_functions_stay_readable():

@@ -21,7 +21,7 @@ from conftest import STANDARD_AGENT, Process, Scripted, start_toolkeeper, write_
 
 
 def main() -> None:
-    scripted_process = Process([sys.executable, "-m", "toolkeeper.wire.scripted", "--port", "0"], "listening on")
+    scripted_process = Process([sys.executable, "-m", "toolkeeper.scripted", "--port", "0"], "listening on")
     scripted = Scripted(scripted_process)
     directory = Path(tempfile.mkdtemp(prefix="tk-conformance-"))
     write_agent(directory, STANDARD_AGENT, pids=str(directory / "pids"))

@@ -86,7 +86,7 @@ def findings_for(agent_file: str, policy: str | None) -> list:
 
 
 def model_command(args: argparse.Namespace) -> int:
-    from toolkeeper.wire import run_scripted
+    from toolkeeper.scripted import run_scripted
 
     try:
         steps = read_script(Path(args.script))

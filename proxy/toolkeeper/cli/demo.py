@@ -19,9 +19,9 @@ from toolkeeper.app import build_app
 from toolkeeper.audit import ExecutionRecord
 from toolkeeper.common import shipped_file
 from toolkeeper.policy import ConsentAnswer, ConsentRequest
+from toolkeeper.scripted import ScriptedModel, serve_scripted
 from toolkeeper.settings import Settings
 from toolkeeper.tools import load_agent_file
-from toolkeeper.wire import ScriptedModel, serve_scripted
 
 QUESTION = "Please ship version 1.4.2 to the beta channel, with the notes 'Faster search'."
 SCRIPT = [

@@ -3,7 +3,7 @@
     toolkeeper intercept AGENT_FILE [--port 8080] [--route HOST[/PATH]=API] [--map HOST=URL] [-- SERVE OPTIONS]
 
 It starts toolkeeper on a free loopback port and mitmdump (explicit proxy
-mode, on loopback) with toolkeeper's addon (wire/intercept_addon.py), waits
+mode, on loopback) with toolkeeper's addon (wire/intercept/addon.py), waits
 until both answer, then prints the variables an agent needs, one NAME=VALUE
 line each. Model requests to the routed hosts and paths go through toolkeeper
 (the same declared tools, policies and audit), to their original server or
@@ -34,10 +34,8 @@ from urllib.parse import urlsplit
 
 from toolkeeper.cli import mitmenv
 from toolkeeper.cli.workers import reserve_port
+from toolkeeper.wire import ADDON, ENDPOINTS, HOST_NAME
 
-# The addon (wire/intercept_addon.py) keeps its own copies of ENDPOINTS and HOST_NAME, since it imports nothing of
-# toolkeeper; tests/test_intercept.py checks that the copies agree.
-ENDPOINTS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
 # host, exact path (None: any path ending in the API's endpoint), API
 DEFAULT_ROUTES = (
     ("api.openai.com", None, "chat"), ("api.openai.com", None, "responses"),
@@ -45,10 +43,8 @@ DEFAULT_ROUTES = (
     ("*.openai.azure.com", None, "chat"), ("*.openai.azure.com", None, "responses"),
     ("chatgpt.com", "/backend-api/codex/responses", "responses"),
 )
-ADDON = Path(__file__).resolve().parent.parent / "wire" / "intercept_addon.py"
 VARIABLES = ("HTTPS_PROXY", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
 BUNDLE = "toolkeeper-ca-bundle.pem"
-HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
 MAX_RESTARTS = 5  # toolkeeper dying more often than this within RESTART_WINDOW stops everything: say so
 RESTART_WINDOW = 60.0
 PR_SET_PDEATHSIG = 1

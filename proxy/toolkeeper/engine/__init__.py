@@ -3,12 +3,14 @@
 An adapter hands it the agent's request in the neutral (Chat Completions)
 form and a `Model`; it yields `Visible` text, `Working` while a declared call
 runs, and one `TurnResult`. It holds one declared call's steps (`calls`),
-the hidden history and its store. It never imports HTTP.
+the hidden history and its store, and `MockModel`, a Model answered
+in-process, for tests. It never imports HTTP.
 """
 
 from toolkeeper.engine.calls import CallContext, CallHandler, Outcome
 from toolkeeper.engine.history import DEFAULT_TTL, History
 from toolkeeper.engine.loop import MAX_ROUNDS, Engine, tool_name
+from toolkeeper.engine.mock import MockModel, answer
 from toolkeeper.engine.types import (
     Event,
     Model,
@@ -29,6 +31,7 @@ __all__ = [
     "Engine",
     "Event",
     "History",
+    "MockModel",
     "Model",
     "Outcome",
     "Round",
@@ -38,5 +41,6 @@ __all__ = [
     "Visible",
     "Working",
     "add_usage",
+    "answer",
     "tool_name",
 ]

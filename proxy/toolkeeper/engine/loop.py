@@ -145,11 +145,6 @@ class Engine:
             active[name] = tool
         return active
 
-    def hidden_names(self, request: dict[str, Any]) -> set[str]:
-        """The tool names whose calls the agent of this request never sees (for adapters that relay events)."""
-        agent_tools = {tool_name(t) for t in request.get("tools") or []}
-        return Discovery(self.index, self.active_tools(request), agent_tools, []).hidden_names
-
     async def run(self, request: dict[str, Any], model: Model,
                   context: TurnContext | None = None) -> AsyncIterator[Event]:
         context = context or TurnContext()
@@ -162,6 +157,7 @@ class Engine:
         discovery = Discovery(index, active, {tool_name(t) for t in agent_tools}, messages)
         turn = _Turn(context, agent_messages, discovery, CallContext(context))
         body = dict(request)
+        hidden = frozenset(discovery.hidden_names)
         last: Round | None = None
 
         for _ in range(self.max_rounds):
@@ -172,8 +168,8 @@ class Engine:
             else:
                 body.pop("parallel_tool_calls", None)
             body["messages"] = messages + turn.hidden
-            last = None
-            async for event in self._round(model, body, turn):
+            previous, last = last, None
+            async for event in self._round(model.round(body, hidden=hidden, previous=previous), turn):
                 if isinstance(event, Round):
                     last = event
                 else:
@@ -221,7 +217,7 @@ class Engine:
                     answers[call.id] = answer
         ending = ""
         if declared:
-            yield Working(declared[0].name)
+            yield Working(declared[0].name, turn.head)
             truncated = last.finish_reason == "length"
             outcomes = await bounded_gather([self.calls.handle(call, active[call.name], turn.calls,
                                                                truncated=truncated) for call in declared])
@@ -234,7 +230,7 @@ class Engine:
                 answers[call.id] = f"Not passed on: {ending}"
                 continue
             if self.calls.policy.governs_agents:  # the agent's own call, under the same rules
-                yield Working(call.name)  # an approver may be asked: keep the agent's connection alive
+                yield Working(call.name, turn.head)  # an approver may be asked: keep the agent's connection alive
             refusal = await self.calls.govern(call, turn.calls)
             if refusal is not None:
                 answers[call.id] = refusal
@@ -242,10 +238,10 @@ class Engine:
                    if c.id in answers]
         yield _Answered(results, ending, [c for c in last.tool_calls if c.id not in answers])
 
-    async def _round(self, model: Model, body: dict[str, Any], turn: _Turn) -> AsyncIterator[Visible | Round]:
+    async def _round(self, events: AsyncIterator[Visible | Round], turn: _Turn) -> AsyncIterator[Visible | Round]:
         """One model round: its visible pieces as they come, then the Round, counted."""
         started = time.monotonic()
-        async for event in model.round(body):
+        async for event in events:
             if isinstance(event, Round):
                 turn.counted(event)
                 if self.metrics is not None:

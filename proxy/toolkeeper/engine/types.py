@@ -47,6 +47,9 @@ class Round:
     usage: dict[str, Any] | None
     raw: bytes | None = None  # the whole upstream body, when it was not streamed
     normalized: bool = False  # toolkeeper changed something (made an id, re-encoded arguments)
+    # The agent's own calls as the server streamed them (call id, native events), held back until the rules have
+    # decided: the writer relays, at the turn's end, those of the last round that went through.
+    held: list[tuple[str, list[Any]]] = field(default_factory=list)
 
     def assistant_message(self, calls: list[ToolCall] | None = None) -> dict[str, Any]:
         """The message to put back into the history, with the given calls."""
@@ -66,18 +69,24 @@ class Visible:
     One delta per upstream event, so what the agent receives does not depend
     on how the network cut the stream; the deltas that arrived together are
     handed over together, so an adapter can send them in one write. `head`
-    carries the id, created and model of the turn's first round.
+    carries the id, created and model of the round (toolkeeper's own words:
+    of the turn's first). `relay` is what an adapter that passes its server's
+    own events on relays of this piece, as the server wrote it: stream events,
+    or a whole round's output items (Chat Completions needs none).
     """
 
     deltas: tuple[dict[str, str], ...]
     head: dict[str, Any] | None = None
+    relay: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
 class Working:
-    """A declared call is being decided or run; nothing else will come for a while."""
+    """A declared call is being decided or run; nothing else will come for a while. `head`: the turn's first
+    round's, so that a writer can begin its answer before it waits."""
 
     tool: str
+    head: dict[str, Any] | None = None
 
 
 @dataclass
@@ -109,8 +118,14 @@ Event = Visible | Working | TurnResult
 
 
 class Model(Protocol):
-    def round(self, body: dict[str, Any]) -> AsyncIterator[Visible | Round]:
-        """Stream one model response: Visible pieces as they come, then the Round."""
+    def round(self, body: dict[str, Any], *, hidden: frozenset[str],
+              previous: Round | None) -> AsyncIterator[Visible | Round]:
+        """Stream one model response: Visible pieces as they come, then the Round.
+
+        `body`: the request in neutral form; `hidden`: the tool names whose calls the agent never sees;
+        `previous`: the round before this one in the same turn, whose calls were answered (None at first),
+        for a server that keeps the conversation (the Responses API's `previous_response_id`).
+        """
         ...
 
 

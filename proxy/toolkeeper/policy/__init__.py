@@ -7,7 +7,6 @@ of HTTP or of the tool loop.
 """
 
 from toolkeeper.policy.approvals import ApprovalsConsent, arguments_hash
-from toolkeeper.policy.combined import Policy, policy_input, tier_decision
 from toolkeeper.policy.consent import (
     RULE_SOURCES,
     Consent,
@@ -19,6 +18,7 @@ from toolkeeper.policy.consent import (
 )
 from toolkeeper.policy.decision import Decision, Effect, most_restrictive
 from toolkeeper.policy.opa import DEFAULT_PATH, OpaPolicy
+from toolkeeper.policy.policy import Policy, policy_input, tier_decision
 from toolkeeper.policy.rules import Rules, RulesError, default_rules_path, load_rules
 
 __all__ = [

@@ -27,6 +27,9 @@ class ArgvRunner:
     def __init__(self) -> None:
         self.reaper = Reaper()
 
+    def close(self) -> None:
+        self.reaper.close()
+
     async def run(self, tool: DeclaredTool, argv: list[str], values: dict[str, Any]) -> RunResult:
         spec = tool.spec
         stdout, stderr = OutputBuffer(spec.max_output), OutputBuffer(max(256, spec.max_output // 4))

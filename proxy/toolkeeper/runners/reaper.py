@@ -30,6 +30,14 @@ class Reaper:
     def forget(self, pgid: int) -> None:
         self._tell(f"-{pgid}\n")
 
+    def close(self) -> None:
+        """Let the helper go (it kills what is still listed): for a process that runs tools only for a while."""
+        with self._lock:
+            if self._helper is not None:
+                self._helper.stdin.close()  # type: ignore[union-attr]
+                self._helper.wait()
+                self._helper = None
+
     def _tell(self, line: str) -> None:
         with self._lock:
             if self._helper is None or self._helper.poll() is not None:

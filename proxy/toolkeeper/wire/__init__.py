@@ -1,27 +1,35 @@
-"""The HTTP side: the agent APIs' adapters, the upstream client, /toolkeeper/ (admin API, console), pass-through.
+"""The HTTP side: the agent APIs' adapters, the upstream client, /toolkeeper/ (admin API, console), interception,
+pass-through.
 
-A new agent API is a new adapter here, translating to and from the engine's
-neutral turn; the engine gains nothing HTTP. This layer never picks a runner
-or a policy: the composition root (`toolkeeper.app`) hands it what it serves.
+    server.py     the app: routes, probes, pass-through; guard.py: web pages and agent keys
+    apis/         one room per agent API (chat, responses, messages), each of one design
+    upstream.py   the model server client; errors.py: every error shape, one mapping of upstream failures
+    admin/        /toolkeeper/: the admin API, its guard, browser sessions, the console
+    intercept/    requests `toolkeeper intercept` re-routed, and its mitmproxy addon
+
+A new agent API is a new room in `apis/`, translating to and from the
+engine's neutral turn; the engine gains nothing HTTP. This layer never picks
+a runner or a policy: the composition root (`toolkeeper.app`) hands it what it
+serves.
 """
 
-from toolkeeper.wire.admin import AdminGuard, admin_app, approvals_api
-from toolkeeper.wire.chat import ChatCompletions
-from toolkeeper.wire.console import Console
-from toolkeeper.wire.messages_items import anthropic_tool
+from toolkeeper.wire.admin import AdminGuard, Console, admin_app, approvals_api
+from toolkeeper.wire.apis import ChatCompletions, anthropic_tool, flat_tool
+from toolkeeper.wire.errors import UpstreamError
+from toolkeeper.wire.intercept import ADDON, ENDPOINTS, HOST_NAME
 from toolkeeper.wire.otlp import OtlpExporter
-from toolkeeper.wire.responses_items import flat_tool
-from toolkeeper.wire.scripted import ScriptedModel, run_scripted, serve_scripted
 from toolkeeper.wire.server import Check, proxy_app
-from toolkeeper.wire.upstream import Upstream, UpstreamError
+from toolkeeper.wire.upstream import Upstream
 
 __all__ = [
+    "ADDON",
+    "ENDPOINTS",
+    "HOST_NAME",
     "AdminGuard",
     "ChatCompletions",
     "Check",
     "Console",
     "OtlpExporter",
-    "ScriptedModel",
     "Upstream",
     "UpstreamError",
     "admin_app",
@@ -29,6 +37,4 @@ __all__ = [
     "approvals_api",
     "flat_tool",
     "proxy_app",
-    "run_scripted",
-    "serve_scripted",
 ]

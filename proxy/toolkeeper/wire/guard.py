@@ -22,30 +22,16 @@ import hmac
 import ipaddress
 from collections.abc import Callable, Mapping
 
-import orjson
 from aiohttp import web
 
 from toolkeeper.common import sha256_hex
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
-from toolkeeper.wire.upstream import ROUTED, error_body
+from toolkeeper.wire.errors import shape_of
+from toolkeeper.wire.upstream import ROUTED
 
 AGENT_NAME = web.RequestKey("agent_name", str)
 # Paths that are not the agent API: no agent key (the admin API has its own token), probes for orchestrators.
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
-
-
-ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error"}
-
-
-def error_response(status: int, message: str, code: str, kind: str = "invalid_request_error", *,
-                   path: str = "") -> web.Response:
-    """A refusal in the shape of the API asked: Anthropic's for /v1/messages, OpenAI's otherwise."""
-    if path.startswith(("/v1/messages", "/messages")):
-        body = orjson.dumps({"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, kind),
-                                                        "message": message}})
-    else:
-        body = error_body(message, code, kind)
-    return web.Response(status=status, body=body, content_type="application/json")
 
 
 def is_json(content_type: str) -> bool:
@@ -70,9 +56,9 @@ class OriginGuard:
         if origin is None:
             return await handler(request)
         if not self.allows(request):
-            return error_response(403, f"requests from web pages are refused: the origin {origin!r} is not "
-                                       "allowed (toolkeeper serve --allow-origin)", "origin_not_allowed",
-                                  path=request.path)
+            return shape_of(request.path).refusal(
+                403, f"requests from web pages are refused: the origin {origin!r} is not allowed (toolkeeper "
+                     "serve --allow-origin)", "origin_not_allowed")
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             return web.Response(status=204, headers={
                 "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
@@ -135,7 +121,8 @@ class AgentKeys:
         key = presented_key(request.headers)
         name = self.name_of(key) if key else None
         if name is None:
-            return error_response(401, "toolkeeper does not know this agent's key: ask its operator to list the "
-                                       "key's SHA-256 under `agents:`", "invalid_api_key", path=request.path)
+            return shape_of(request.path).refusal(401, "toolkeeper does not know this agent's key: ask its "
+                                                       "operator to list the key's SHA-256 under `agents:`",
+                                                  "invalid_api_key")
         request[AGENT_NAME] = name
         return await handler(request)

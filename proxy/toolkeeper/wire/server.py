@@ -1,4 +1,4 @@
-"""The HTTP server: chat completions through the engine, /toolkeeper/ answered here, the rest passed through.
+"""The HTTP server: the agent APIs through the engine, /toolkeeper/ answered here, the rest passed through.
 
 It knows nothing of runners or policies: it is handed an engine and an admin
 sub-app by the composition root (`toolkeeper.app`), and owns the one pooled
@@ -23,13 +23,11 @@ from toolkeeper.metrics import Metrics
 from toolkeeper.settings import Settings
 from toolkeeper.store import Store, StoreError
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
-from toolkeeper.wire.agentapi import bad_request, credentials_hash
-from toolkeeper.wire.chat import ChatCompletions
+from toolkeeper.wire.apis import ChatCompletions, MessagesAPI, ResponsesAPI, count_tokens_body, credentials_hash
+from toolkeeper.wire.errors import OPENAI, UpstreamError, store_unavailable
 from toolkeeper.wire.guard import AgentKeys, OriginGuard
-from toolkeeper.wire.intercepted import InterceptedUpstream, upstream_for
-from toolkeeper.wire.messages import MessagesAPI, count_tokens_body
-from toolkeeper.wire.responses import ResponsesAPI
-from toolkeeper.wire.upstream import HOP_BY_HOP, OWN_COOKIE, UPSTREAM_KEY, Upstream, UpstreamError, forward_headers
+from toolkeeper.wire.intercept import InterceptedUpstream
+from toolkeeper.wire.upstream import HOP_BY_HOP, OWN_COOKIE, UPSTREAM_KEY, Upstream, forward_headers, upstream_for
 
 log = logging.getLogger("toolkeeper")
 
@@ -127,7 +125,7 @@ async def stored_response(request: web.Request) -> web.StreamResponse:
     try:
         upstream_id = await request.app[RESPONSES_KEY].resolve(tenant, request.match_info["id"])
     except StoreError as exc:
-        return bad_request(f"toolkeeper's store did not answer: {exc}", "store_unavailable", status=503)
+        return OPENAI.response(store_unavailable(exc))
     return await passthrough(request, path=f"/responses/{upstream_id}")
 
 
@@ -242,5 +240,5 @@ async def passthrough(request: web.Request, *, path: str | None = None, body: by
             await response.write_eof()
             return response
     except (aiohttp.ClientError, TimeoutError) as exc:
-        error = UpstreamError.ours(502, f"cannot reach the model server: {exc}", "upstream_unreachable")
-        return web.Response(status=error.status, body=error.body, content_type="application/json")
+        return OPENAI.response(UpstreamError.ours(502, f"cannot reach the model server: {exc}",
+                                                  "upstream_unreachable"))

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from toolkeeper.audit import STATUSES, AuditEntry, SQLAudit
-from toolkeeper.wire.console.layout import csrf_field, field, link, options, page, show, when
+from toolkeeper.wire.admin.console.layout import csrf_field, field, link, options, page, show, when
 
 PRESETS = {"1h": 3600, "24h": 86400, "7d": 604800, "30d": 2592000}
 SOURCES = ("declared", "agent")

@@ -17,18 +17,17 @@ from typing import Any
 import orjson
 
 from toolkeeper.engine import Round
-from toolkeeper.wire.chat_stream import MalformedResponse
-from toolkeeper.wire.messages_items import THINKING, round_from_message
-from toolkeeper.wire.relay import HoldingReader
-from toolkeeper.wire.responses_stream import UpstreamFailed
+from toolkeeper.wire.apis.messages.items import THINKING, round_from_message
+from toolkeeper.wire.apis.relay import HoldingReader, event_object, round_head
+from toolkeeper.wire.errors import MalformedResponse, UpstreamFailed
 
 DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature",
                 "citations_delta": "citation"}
 
 
 class MessagesReader(HoldingReader):
-    def __init__(self, hidden: set[str]):
-        super().__init__(hidden)
+    def __init__(self, hidden: frozenset[str], previous: Round | None):
+        super().__init__(hidden, previous)
         self.message: dict[str, Any] | None = None  # from message_start
         self.stop: dict[str, Any] = {}  # message_delta's delta (stop_reason, stop_sequence)
         self.usage: dict[str, Any] = {}
@@ -37,61 +36,63 @@ class MessagesReader(HoldingReader):
         self._json: dict[int, list[str]] = {}  # tool_use input, in pieces
 
     @property
-    def head(self) -> dict[str, Any] | None:
+    def started(self) -> dict[str, Any] | None:
         return self.message
 
-    def feed(self, event: dict[str, Any]) -> str | None:
-        """One event; the text it adds to what the agent sees, if any."""
+    def text_of(self, event: dict[str, Any]) -> str | None:
+        delta = event.get("delta") if event["type"] == "content_block_delta" else None
+        text = delta.get("text") if isinstance(delta, dict) and delta.get("type") == "text_delta" else None
+        return text if isinstance(text, str) else None
+
+    def read(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if kind == "message_start":
-            self.message = _object(event, "message")
+            self.message = event_object(event, "message")
             self.usage = dict(self.message.get("usage") or {})
-            return None
+            return
         if kind == "message_delta":
             self.stop.update(event.get("delta") or {})
             self.usage.update(event.get("usage") or {})
-            return None
+            return
         if kind == "message_stop":
             self.stopped = True
-            return None
+            return
         if kind == "ping":
-            return None
+            return
         if kind == "error":
             raise UpstreamFailed(event.get("error") if isinstance(event.get("error"), dict) else {})
         index = event.get("index")
         if not isinstance(index, int) or kind not in ("content_block_start", "content_block_delta",
                                                       "content_block_stop"):
             raise MalformedResponse(f"an unexpected stream event: {str(kind)[:40]}")
-        return self._block_event(kind, index, event)
+        self._block_event(kind, index, event)
 
-    def _block_event(self, kind: str, index: int, event: dict[str, Any]) -> str | None:
-        text = None
+    def _block_event(self, kind: str, index: int, event: dict[str, Any]) -> None:
         if kind == "content_block_start":
-            block = dict(_object(event, "content_block"))
+            block = dict(event_object(event, "content_block"))
             self.blocks[index] = block
             call = block.get("type") == "tool_use"
             self.starts(index, holds=block.get("type") in THINKING, hidden=call and block.get("name") in self.hidden,
                         own_call=str(block.get("id") or "") if call else None)
         elif kind == "content_block_delta":
-            text = self._apply(index, _object(event, "delta"))
+            self._apply(index, event_object(event, "delta"))
         else:
             self._finished(index)
-        return text if self.route(index, event) else None
+        self.route(index, event)
 
-    def _apply(self, index: int, delta: dict[str, Any]) -> str | None:
+    def _apply(self, index: int, delta: dict[str, Any]) -> None:
         block = self.blocks.get(index)
         if block is None:
             raise MalformedResponse(f"a delta for block {index}, which never started")
         kind = delta.get("type")
         if kind == "input_json_delta":
             self._json.setdefault(index, []).append(str(delta.get("partial_json", "")))
-            return None
+            return
         field = DELTA_FIELDS.get(kind or "")
         if field == "citation":
             block.setdefault("citations", []).append(delta.get("citation"))
         elif field:
             block[field] = block.get(field, "") + str(delta.get(field, ""))
-        return delta.get("text") if kind == "text_delta" else None
 
     def _finished(self, index: int) -> None:
         pieces = self._json.pop(index, None)
@@ -104,14 +105,9 @@ class MessagesReader(HoldingReader):
     def finish(self) -> Round:
         if self.message is None or not self.stopped:
             raise MalformedResponse("the stream ended before message_stop")
-        self.settle()
         message = {**self.message, **self.stop, "usage": self.usage,
                    "content": [self.blocks[i] for i in sorted(self.blocks)]}
-        return round_from_message(message)
+        found = round_from_message(message)
+        found.head = round_head(found.head, self.message, self.previous)
+        return self.settled(found)
 
-
-def _object(event: dict[str, Any], key: str) -> dict[str, Any]:
-    value = event.get(key)
-    if not isinstance(value, dict):
-        raise MalformedResponse(f"a {event.get('type')} event without its '{key}' object")
-    return value

@@ -1,7 +1,9 @@
 """The mitmproxy addon of `toolkeeper intercept`: an agent's model requests, re-routed into toolkeeper.
 
-mitmdump loads this file (`-s`) in mitmproxy's own environment, so it imports
-nothing of toolkeeper. `toolkeeper intercept` (cli/intercept.py) sets:
+mitmdump loads this file (`-s`) in mitmproxy's own environment, where toolkeeper
+is not installed: it imports only routing.py beside it (mitmdump puts this
+folder on `sys.path`), which toolkeeper imports too. `toolkeeper intercept`
+(cli/intercept.py) sets:
 
     TOOLKEEPER_INTERCEPT_CONFIG   a JSON file: {"toolkeeper": "http://127.0.0.1:PORT", "routes": [[host, path,
                                   api], ...], "maps": {host: url}}
@@ -23,8 +25,6 @@ accept a connection, the agent gets a 502 in its API's error shape.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import os
 import re
@@ -32,23 +32,9 @@ import time
 from urllib.parse import urlsplit
 
 from mitmproxy import http
+from routing import ENDPOINTS, HEADER, HOST_NAME, OWN_HEADERS, TOOLKEEPER_PATHS, host_matches, sign
 
-ENDPOINTS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
-# The requests toolkeeper answers for each API: method, and a pattern the end of the path must match.
-TOOLKEEPER_PATHS = {
-    "chat": (("POST", r"/chat/completions"),),
-    "responses": (("POST", r"/responses"), ("GET", r"/responses/[A-Za-z0-9_-]+")),
-    "messages": (("POST", r"/messages"), ("POST", r"/messages/count_tokens")),
-}
-HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
-OWN_HEADERS = "x-toolkeeper-"
-HEADER = "X-Toolkeeper-Upstream"
 TOOLKEEPER_API = "toolkeeper_api"  # a re-routed flow's metadata: which API it speaks
-
-
-def _host_matches(pattern: str, host: str) -> bool:
-    return host.endswith(pattern[1:]) if pattern.startswith("*.") else host == pattern
-
 
 def _after_v1(path: str) -> str:
     """The path under /v1 (which a mapped URL stands for), or the path itself when it is not under /v1."""
@@ -70,14 +56,14 @@ class Interception:
             config = json.load(handle)
         toolkeeper = urlsplit(config["toolkeeper"])
         self.toolkeeper = (toolkeeper.hostname or "127.0.0.1", toolkeeper.port or 80)
-        self.secret = os.environ["TOOLKEEPER_INTERCEPT_SECRET"].encode()
+        self.secret = os.environ["TOOLKEEPER_INTERCEPT_SECRET"]
         self.routes = [(host, path or None, api) for host, path, api in config["routes"]]
         self.maps = {host: url.rstrip("/") for host, url in config["maps"].items()}
 
     def _route_of(self, host: str, path: str, method: str) -> tuple[str, str, str] | None:
         """(API, the path before its endpoint, the endpoint) of a request toolkeeper answers; None otherwise."""
         for pattern, exact, api in self.routes:
-            if not _host_matches(pattern, host):
+            if not host_matches(pattern, host):
                 continue
             for verb, tail in TOOLKEEPER_PATHS[api]:
                 found = re.search(f"({tail})$", path)
@@ -92,11 +78,6 @@ class Interception:
         default = {"https": 443, "http": 80}.get(scheme)
         return f"{scheme}://{host}{'' if port == default else f':{port}'}{prefix}"
 
-    def _sign(self, url: str) -> str:
-        stamp = str(int(time.time()))
-        signature = hmac.new(self.secret, (url + "\n" + stamp).encode(), hashlib.sha256).hexdigest()
-        return f"{url} {stamp} {signature}"
-
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         request = flow.request
         for name in [name for name in request.headers if name.lower().startswith(OWN_HEADERS)]:
@@ -110,7 +91,8 @@ class Interception:
         if route is not None:
             api, prefix, endpoint = route
             flow.metadata[TOOLKEEPER_API] = api
-            request.headers[HEADER] = self._sign(self._upstream(request.scheme, host, request.port, prefix))
+            request.headers[HEADER] = sign(self.secret, self._upstream(request.scheme, host, request.port, prefix),
+                                           time.time())
             self._send_to(request, "http", *self.toolkeeper, "/v1" + endpoint + query)
         elif host in self.maps:
             target = urlsplit(self.maps[host])

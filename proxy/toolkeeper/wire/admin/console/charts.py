@@ -17,7 +17,7 @@ from html import escape
 from aiohttp import web
 
 from toolkeeper.audit import SQLAudit
-from toolkeeper.wire.console.layout import link, page, show, when
+from toolkeeper.wire.admin.console.layout import link, page, show, when
 
 # a range's length in seconds, and how many points a line has
 RANGES = {"1h": (3600, 60), "24h": (86400, 24), "7d": (604800, 28), "30d": (2592000, 30)}

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from toolkeeper.wire.scripted_responses import Rejected
+from toolkeeper.scripted.responses import Rejected
 
 
 def signature(thinking: str) -> str:

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from toolkeeper.common import printable
-from toolkeeper.wire.admin import PREFIX
+from toolkeeper.wire.admin.guard import PREFIX
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; connect-src 'self'; style-src "

@@ -1,7 +1,6 @@
 """Requests that `toolkeeper intercept` re-routed from an agent's HTTPS traffic: their upstream, in a signed header.
 
-mitmproxy's addon (intercept_addon.py) sends each intercepted model request
-here with
+mitmproxy's addon (addon.py) sends each intercepted model request here with
 
     X-Toolkeeper-Upstream: <url> <unix time> <signature>
 
@@ -12,32 +11,25 @@ own key as it came. The header is refused (400, in the API's error shape, and
 nothing is forwarded) when toolkeeper runs without a secret, when it is not
 signed with it, older than `MAX_AGE`, or names a host interception does not
 route: toolkeeper can never be made an open relay. No `X-Toolkeeper-*`
-header is ever forwarded to a model server (upstream.forward_headers).
+header is ever forwarded to a model server (upstream.forward_headers). The
+header's name and signature are routing.py's, which the addon imports too.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
+import math
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from toolkeeper.wire.guard import error_response
-from toolkeeper.wire.upstream import ROUTED, UPSTREAM_KEY, Upstream
+from toolkeeper.wire.errors import shape_of
+from toolkeeper.wire.intercept.routing import HEADER, sign
+from toolkeeper.wire.upstream import ROUTED, UPSTREAM_KEY
 
-HEADER = "X-Toolkeeper-Upstream"
 MAX_AGE = 120.0  # seconds: a signed header is made for one request, now
-
-
-def sign(secret: str, url: str, now: float) -> str:
-    """The header's value for `url` (the addon computes the same, in its own code)."""
-    stamp = str(int(now))
-    signed = (url + "\n" + stamp).encode()
-    return f"{url} {stamp} {hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()}"
-
 
 class InterceptedUpstream:
     def __init__(self, secret: str | None, routed: tuple[str, ...]):
@@ -50,6 +42,8 @@ class InterceptedUpstream:
             raise ValueError(f"{HEADER} is accepted only from `toolkeeper intercept`")
         try:
             url, stamp, signature = value.strip().split(" ")
+            if not math.isfinite(float(stamp)):  # inf, nan, 1e400: no time, and no integer to sign
+                raise ValueError(stamp)
             expected = sign(self.secret, url, float(stamp)).rsplit(" ", 1)[1]
         except ValueError:
             raise ValueError(f"{HEADER} is malformed") from None
@@ -88,11 +82,7 @@ class InterceptedUpstream:
         try:
             url = self.upstream_of(value)
         except ValueError as exc:
-            return error_response(400, str(exc), "upstream_not_allowed", path=request.path)
+            return shape_of(request.path).refusal(400, str(exc), "upstream_not_allowed")
         request[ROUTED] = request.app[UPSTREAM_KEY].at(url)
         return await handler(request)
 
-
-def upstream_for(request: web.Request, default: Upstream) -> Upstream:
-    """The upstream of this request: the one interception named, else toolkeeper's own."""
-    return request.get(ROUTED, default)

@@ -23,9 +23,10 @@ import orjson
 from aiohttp import web
 
 from toolkeeper.store import Store
-from toolkeeper.wire.admin import MASTER, answer_approval
-from toolkeeper.wire.console.layout import csrf_field, field, link, page, show, url, when
-from toolkeeper.wire.sessions import Sessions
+from toolkeeper.wire.admin.api import answer_approval
+from toolkeeper.wire.admin.console.layout import csrf_field, field, link, page, show, url, when
+from toolkeeper.wire.admin.guard import MASTER
+from toolkeeper.wire.admin.sessions import Sessions
 
 # What a page says after an answer: fixed sentences, so a link cannot make the page say anything else.
 NOTICES = {

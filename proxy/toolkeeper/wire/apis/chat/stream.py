@@ -19,16 +19,13 @@ from typing import Any
 import orjson
 
 from toolkeeper.engine import Round, ToolCall
+from toolkeeper.wire.errors import MalformedResponse
 
 # Delta fields the agent reads as they come (the answer's text and reasoning).
 VISIBLE_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
 HEAD_FIELDS = ("id", "created", "model", "system_fingerprint")
 ID_ALPHABET = string.ascii_letters + string.digits
 VALID_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-class MalformedResponse(ValueError):
-    """The model server's response is not of the Chat Completions shape; the agent gets a 502."""
 
 
 def of_json_type(value: Any, kinds: tuple[type, ...]) -> bool:

@@ -21,12 +21,12 @@ from aiohttp import web
 
 from toolkeeper.audit import SQLAudit
 from toolkeeper.store import Store
-from toolkeeper.wire.admin import PREFIX, AdminGuard, same_origin, served_over_https
-from toolkeeper.wire.console.charts import ChartsPage
-from toolkeeper.wire.console.layout import SECURITY_HEADERS, link, page, show
-from toolkeeper.wire.console.queue import QueuePage
-from toolkeeper.wire.console.trail import TrailPages
-from toolkeeper.wire.sessions import SESSION_COOKIE, SESSION_SECONDS
+from toolkeeper.wire.admin.console.charts import ChartsPage
+from toolkeeper.wire.admin.console.layout import SECURITY_HEADERS, link, page, show
+from toolkeeper.wire.admin.console.queue import QueuePage
+from toolkeeper.wire.admin.console.trail import TrailPages
+from toolkeeper.wire.admin.guard import PREFIX, AdminGuard, same_origin, served_over_https
+from toolkeeper.wire.admin.sessions import SESSION_COOKIE, SESSION_SECONDS
 
 HOME = {"approver": "/queue", "auditor": "/audit", "admin": "/queue"}
 SCRIPT = resources.files(__package__).joinpath("console.js").read_text()

@@ -1,8 +1,11 @@
-"""What every agent API adapter does the same way: read the JSON body, say who asks, count the answer.
+"""What every agent API adapter does the same way: read the JSON body, say who asks, relay or gather the turn.
 
-An adapter (Chat Completions, Responses, ...) subclasses `AgentAPI` and
-implements `answer(request, body, raw)`; errors before the turn are 4xx in the
-OpenAI error shape (`bad_request`).
+An adapter (Chat Completions, Responses, Messages) subclasses `AgentAPI`,
+names its `errors` shape and implements `answer(request, body, raw)`; a
+streamed turn goes through a `TurnWriter`, which reads the engine's events
+and nothing else, a whole one through `AgentAPI.whole`. Errors before the
+turn are 4xx in the API's shape (`refuse`), a failed turn its upstream's
+status (`errors.py`).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from aiohttp import web
 from toolkeeper.engine import Engine, Event, TurnContext, TurnResult, Visible, Working
 from toolkeeper.metrics import Metrics
 from toolkeeper.store import StoreError
+from toolkeeper.wire.errors import OPENAI, ErrorShape, UpstreamError, store_unavailable
 from toolkeeper.wire.guard import AGENT_NAME, is_json
-from toolkeeper.wire.upstream import Upstream, UpstreamError, error_body
+from toolkeeper.wire.upstream import Upstream
 
 log = logging.getLogger("toolkeeper")
 
@@ -30,19 +34,6 @@ KEEPALIVE = b": keep-alive\n\n"
 # The model server's failure that ended this request's turn (its status, or ours: 502 unreachable, 504 timeout),
 # for the metrics; one per request, as each request is its own task.
 UPSTREAM_FAILURE: ContextVar[int | None] = ContextVar("upstream_failure", default=None)
-
-
-def bad_request(message: str, code: str = "invalid_request", status: int = 400) -> web.Response:
-    return web.Response(status=status, body=error_body(message, code, "invalid_request_error"),
-                        content_type="application/json")
-
-
-def error_response(error: UpstreamError) -> web.Response:
-    return web.Response(status=error.status, body=error.body, headers={"Content-Type": error.content_type})
-
-
-def store_unavailable(exc: StoreError) -> UpstreamError:
-    return UpstreamError.ours(503, f"toolkeeper's store did not answer: {exc}", "store_unavailable")
 
 
 def credentials_hash(headers: Any) -> str:
@@ -53,7 +44,7 @@ def credentials_hash(headers: Any) -> str:
 
 class AgentAPI:
     api = "chat"  # what records say the agent spoke
-    name = "Chat"
+    errors: ErrorShape = OPENAI
 
     def __init__(self, engine: Engine, upstream: Upstream, *, keepalive: float = 5.0,
                  identity_header: str | None = None, metrics: Metrics | None = None):
@@ -90,7 +81,24 @@ class AgentAPI:
 
     def refuse(self, message: str, code: str = "invalid_request", status: int = 400) -> web.Response:
         """A request refused before the turn, in the API's error shape."""
-        return bad_request(message, code, status)
+        return self.errors.refusal(status, message, code)
+
+    async def whole(self, events: AsyncIterator[Event],
+                    relayed: list[tuple[Any, ...]] | None = None) -> TurnResult | web.Response:
+        """A turn that is not streamed: its result (and in `relayed`, what each Visible relays), or the error
+        answer in the API's shape, never a bare 500."""
+        result = None
+        try:
+            async for event in events:
+                if isinstance(event, TurnResult):
+                    result = event
+                elif relayed is not None and isinstance(event, Visible) and event.relay:
+                    relayed.append(event.relay)
+        except Exception as exc:
+            return self.errors.response(failure_of(exc))
+        if result is None:
+            raise RuntimeError("the engine ended a turn without a result")
+        return result
 
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
         raise NotImplementedError
@@ -114,27 +122,6 @@ async def keep_alive(every: float, write: Callable[[bytes], Awaitable[None]], da
         await write(data)
 
 
-async def whole_turn(events: AsyncIterator[Event], error: Callable[[UpstreamError], web.Response] = error_response,
-                     ) -> TurnResult | web.Response:
-    """A turn that is not streamed: its result, or the error answer (in the API's shape, never a bare 500)."""
-    result = None
-    try:
-        async for event in events:
-            if isinstance(event, TurnResult):
-                result = event
-    except UpstreamError as exc:
-        UPSTREAM_FAILURE.set(exc.status)
-        return error(exc)
-    except StoreError as exc:
-        return error(store_unavailable(exc))
-    except Exception as exc:  # a bug of ours: still an answer in the API's shape
-        log.error("turn failed", exc_info=exc)
-        return error(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error"))
-    if result is None:
-        raise RuntimeError("the engine ended a turn without a result")
-    return result
-
-
 class TurnWriter:
     """One streamed turn, relayed to the agent: an adapter's writer says what each event becomes.
 
@@ -145,6 +132,7 @@ class TurnWriter:
     """
 
     keepalive_data = KEEPALIVE
+    errors: ErrorShape = OPENAI
 
     def __init__(self, request: web.Request, keepalive: float):
         self.request = request
@@ -156,7 +144,7 @@ class TurnWriter:
         try:
             async for event in events:
                 if isinstance(event, Working):
-                    await self.working()
+                    await self.working(event.head)
                     keepalive = keepalive or asyncio.create_task(
                         keep_alive(self.keepalive, self.write, self.keepalive_data))
                     continue
@@ -168,16 +156,10 @@ class TurnWriter:
                     await self.visible(event)
                 elif isinstance(event, TurnResult):
                     await self.finish(event)
-        except UpstreamError as exc:
-            UPSTREAM_FAILURE.set(exc.status)
-            return await self.fail(exc)
-        except StoreError as exc:
-            return await self.fail(store_unavailable(exc))
         except ConnectionResetError:  # the agent went away mid-answer: no one to tell
             return self.response or web.Response(status=499)
         except Exception as exc:
-            log.error("turn failed", exc_info=exc)
-            return await self.fail(UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error"))
+            return await self.fail(failure_of(exc))
         finally:
             if keepalive is not None:
                 keepalive.cancel()
@@ -196,8 +178,8 @@ class TurnWriter:
         response = await self.prepared()
         await response.write(data)
 
-    async def working(self) -> None:
-        """A declared call is about to be decided or run."""
+    async def working(self, head: dict[str, Any] | None) -> None:
+        """A declared call is about to be decided or run (`head`: the turn's first round's)."""
 
     async def visible(self, event: Visible) -> None:
         raise NotImplementedError
@@ -205,5 +187,23 @@ class TurnWriter:
     async def finish(self, result: TurnResult) -> None:
         raise NotImplementedError
 
-    async def fail(self, error: UpstreamError) -> web.StreamResponse:
+    def failure(self, error: UpstreamError) -> bytes:
+        """The event that ends a stream that had begun when the turn failed."""
         raise NotImplementedError
+
+    async def fail(self, error: UpstreamError) -> web.StreamResponse:
+        if self.response is None:  # nothing sent yet: the error keeps its status
+            return self.errors.response(error)
+        await self.response.write_eof(self.failure(error))
+        return self.response
+
+
+def failure_of(exc: Exception) -> UpstreamError:
+    """What a failed turn is to the agent: the model server's error, the store's 503, or a bug of ours (500)."""
+    if isinstance(exc, UpstreamError):
+        UPSTREAM_FAILURE.set(exc.status)
+        return exc
+    if isinstance(exc, StoreError):
+        return store_unavailable(exc)
+    log.error("turn failed", exc_info=exc)
+    return UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error")

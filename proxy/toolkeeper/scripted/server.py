@@ -1,7 +1,7 @@
 """A scripted model server: the one stand-in allowed, since no model runs here.
 
 It speaks Chat Completions as OpenAI does, SSE included (the Responses and
-Messages APIs: scripted_responses.py, scripted_messages.py), replays scripted
+Messages APIs: responses.py, messages.py beside it), replays scripted
 responses in order, records every request, and reproduces real servers'
 quirks on demand. `toolkeeper model`, the demo and the tests run it.
 
@@ -44,9 +44,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from toolkeeper.wire.scripted_messages import MessagesScript
-from toolkeeper.wire.scripted_messages import check as check_messages
-from toolkeeper.wire.scripted_responses import Rejected, ResponsesScript
+from toolkeeper.scripted.messages import MessagesScript
+from toolkeeper.scripted.messages import check as check_messages
+from toolkeeper.scripted.responses import Rejected, ResponsesScript
 
 MODEL = "scripted-model"
 
@@ -367,7 +367,7 @@ async def serve_scripted(model: ScriptedModel, host: str = "127.0.0.1", port: in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m toolkeeper.wire.scripted", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m toolkeeper.scripted", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     parser.add_argument("--port", type=int, default=0, help="the port (0: a free one)")
     parser.add_argument("--script", help="a JSON file with a list of steps")
@@ -395,6 +395,3 @@ def run_scripted(steps: list[dict[str, Any]], host: str, port: int, origin: str 
         pass
     return 0
 
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,3 @@
+from toolkeeper.scripted.server import main
+
+main()

@@ -1,0 +1,18 @@
+"""Everything under /toolkeeper/: the admin API (api.py), who may reach it (guard.py), browser sessions
+(sessions.py) and the console's pages (console/). Nothing here is ever forwarded to a model server."""
+
+from toolkeeper.wire.admin.api import admin_app, answer_approval, approvals_api
+from toolkeeper.wire.admin.console import Console
+from toolkeeper.wire.admin.guard import MASTER, PREFIX, AdminGuard, same_origin, served_over_https
+
+__all__ = [
+    "MASTER",
+    "PREFIX",
+    "AdminGuard",
+    "Console",
+    "admin_app",
+    "answer_approval",
+    "approvals_api",
+    "same_origin",
+    "served_over_https",
+]

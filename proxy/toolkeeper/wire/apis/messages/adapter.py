@@ -1,0 +1,63 @@
+"""The Anthropic Messages adapter: `POST /v1/messages` in (Claude Code, the anthropic SDKs), one engine turn out.
+
+    agent body --(messages -> neutral: items.py)--> engine --(MessagesModel)--> upstream /messages
+    agent  <-- one message (writer.py): the blocks it may see, one id, usage summed, the final stop_reason --+
+
+Errors have the API's own shape: `{"type": "error", "error": {"type", "message"}}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from toolkeeper.common import dumps
+from toolkeeper.wire.apis.base import AgentAPI
+from toolkeeper.wire.apis.messages.items import (
+    anthropic_tool,
+    check_request,
+    messages_from_anthropic,
+    neutral_tool_choice,
+    visible_blocks,
+)
+from toolkeeper.wire.apis.messages.model import MessagesModel
+from toolkeeper.wire.apis.messages.writer import MessagesWriter, final_message
+from toolkeeper.wire.apis.relay import whole_output
+from toolkeeper.wire.errors import ANTHROPIC
+from toolkeeper.wire.upstream import upstream_for
+
+
+class MessagesAPI(AgentAPI):
+    api = "messages"
+    errors = ANTHROPIC
+
+    async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
+        problem = check_request(body)
+        if problem:
+            return self.refuse(problem)
+        neutral: dict[str, Any] = {"messages": messages_from_anthropic(body["messages"])}
+        if "tools" in body:
+            neutral["tools"] = body["tools"]
+        if "tool_choice" in body:
+            neutral["tool_choice"] = neutral_tool_choice(body["tool_choice"])
+        model = MessagesModel(upstream_for(request, self.upstream), request.headers, body, request.query_string)
+        events = self.engine.run(neutral, model, self.context(request, raw))
+        if body.get("stream"):
+            return await MessagesWriter(request, self.keepalive).relay(events)
+        rounds: list[tuple[Any, ...]] = []
+        result = await self.whole(events, rounds)
+        if isinstance(result, web.Response):
+            return result
+        if result.passthrough:
+            return web.Response(body=result.last.raw, content_type="application/json")
+        shown = whole_output(rounds, visible_blocks, {call.id for call in result.tool_calls})
+        return web.Response(body=dumps(final_message(result, shown)), content_type="application/json")
+
+
+def count_tokens_body(body: dict[str, Any], declared: list[dict[str, Any]]) -> dict[str, Any]:
+    """`/v1/messages/count_tokens` counts with the declared tools the model would get."""
+    mine = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
+    extra = [anthropic_tool(t) for t in declared if anthropic_tool(t)["name"] not in mine]
+    return {**body, "tools": [*(body.get("tools") or []), *extra]} if extra else body
+

@@ -1,0 +1,283 @@
+"""What the Responses and Messages adapters share: they relay their server's own events, less what the agent
+must not see.
+
+    upstream SSE --parse_event--> a HoldingReader (one per round) --Visible(relay=events)--> engine --> RelayWriter
+                                        └── at the round's end: Round(held=the agent's calls' events) --> TurnResult
+
+- `HoldingReader`: one round's stream, in order. An item's events are kept,
+  dropped (a declared call) or held: a reasoning or thinking item until the
+  item after it shows whether it is hidden (it travels with the item it
+  precedes), and one of the agent's own calls until the rules have decided on
+  it (its events ride on the Round; the writer relays them at the end only if
+  the call went through).
+- `RelayingModel`: the engine's Model for such an API, one upstream request a
+  round, holding nothing between rounds (what the next round needs of this
+  one travels on the Round: its head, the turn's first response). A streamed
+  round goes through a reader (`read_relayed`); each event keeps its bytes
+  (`RAW`) and its round (`ROUND`), so the writer can pass on as they came the
+  events it need not renumber. A whole round is relayed as its shown items.
+- `RelayWriter`: the agent's side, streamed: numbers the items of every round
+  into one answer, opens it once, and sends the held calls that went through.
+- `whole_output`: the agent's side, not streamed: the items of every round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, ClassVar
+
+import aiohttp
+import orjson
+
+from toolkeeper.common import dumps
+from toolkeeper.engine import Round, TurnResult, Visible
+from toolkeeper.wire.apis.base import TurnWriter
+from toolkeeper.wire.errors import OPENAI, ErrorShape, MalformedResponse, upstream_failures
+from toolkeeper.wire.sse import EventSplitter
+from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, is_event_stream, read_whole
+
+RAW = "_raw"  # an upstream event's own bytes, kept beside its parsed fields
+ROUND = "_round"  # which upstream round an event came from: items are numbered per round
+FIRST = "first"  # in a round's head: the turn's first response (or message) as its stream began: the agent's id
+
+Items = Callable[[list[dict[str, Any]], set[str], set[str] | None], list[dict[str, Any]]]
+
+
+def parse_event(data: bytes, round_key: object) -> dict[str, Any]:
+    """One SSE event's JSON (its `data:` lines; the `event:` line repeats the type), with its bytes and round."""
+    lines = [line[5:].lstrip() for line in data.split(b"\n") if line.startswith(b"data:")]
+    try:
+        event = orjson.loads(b"\n".join(lines))
+    except orjson.JSONDecodeError as exc:
+        raise MalformedResponse(f"a stream event that is not JSON ({exc})") from exc
+    if not isinstance(event, dict):
+        raise MalformedResponse("a stream event that is not an object")
+    event[RAW] = data
+    event[ROUND] = round_key
+    return event
+
+
+def event_object(event: dict[str, Any], key: str) -> dict[str, Any]:
+    """An event's field that must be an object (`response`, `item`, `message`, `content_block`, `delta`)."""
+    value = event.get(key)
+    if not isinstance(value, dict):
+        raise MalformedResponse(f"a {event.get('type')} event without its '{key}' object")
+    return value
+
+
+def round_head(head: dict[str, Any], started: dict[str, Any] | None, previous: Round | None) -> dict[str, Any]:
+    """A round's head, with the turn's first response as it began (carried on from the round before)."""
+    first = previous.head.get(FIRST) if previous is not None else None
+    return {**head, FIRST: first or started}
+
+
+class HoldingReader:
+    def __init__(self, hidden: frozenset[str], previous: Round | None):
+        self.hidden = hidden
+        self.previous = previous
+        self._shown: list[dict[str, Any]] = []  # the agent's events of the event being read
+        self._held: dict[int, list[dict[str, Any]]] = {}  # reasoning or thinking items' events, by index
+        self._dropped: set[int] = set()
+        self.awaiting: dict[int, tuple[str, list[dict[str, Any]]]] = {}  # the agent's own calls: id, events
+
+    @property
+    def started(self) -> dict[str, Any] | None:
+        """The round's response or message as its stream began, once its first event came."""
+        raise NotImplementedError
+
+    def read(self, event: dict[str, Any]) -> None:
+        """Take one event: `starts` an item, `route` an item's event, or keep it as the round's own."""
+        raise NotImplementedError
+
+    def text_of(self, event: dict[str, Any]) -> str | None:
+        """The answer's text an event adds, if any."""
+        raise NotImplementedError
+
+    def finish(self) -> Round:
+        raise NotImplementedError
+
+    def feed(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """One event; the events the agent may have now (it, or held ones it settles)."""
+        self._shown = []
+        self.read(event)
+        return self._shown
+
+    def visible(self, relay: list[dict[str, Any]]) -> Visible:
+        texts = tuple({"content": text} for event in relay if (text := self.text_of(event)))
+        started = self.started or {}
+        return Visible(texts, round_head({"id": started.get("id")}, self.started, self.previous), tuple(relay))
+
+    def starts(self, index: int, *, holds: bool, hidden: bool, own_call: str | None = None) -> None:
+        """An item begins: held until the next, or it settles the held ones (hidden with it, or shown, or
+        waiting with the agent's call they precede)."""
+        if holds:
+            self._held[index] = []
+            return
+        before = [event for held in sorted(self._held) for event in self._held[held]]
+        if hidden:
+            self._dropped.update(self._held)
+        elif own_call is not None:
+            self.awaiting[index] = (own_call, before)
+        else:
+            self._shown.extend(before)
+        self._held.clear()
+        if hidden:
+            self._dropped.add(index)
+
+    def route(self, index: int, event: dict[str, Any]) -> None:
+        """Keep, hold or drop one of an item's events."""
+        if index in self._dropped:
+            return
+        if index in self._held:
+            self._held[index].append(event)
+        elif index in self.awaiting:
+            self.awaiting[index][1].append(event)
+        else:
+            self._shown.append(event)
+
+    def keep(self, event: dict[str, Any]) -> None:
+        """An event of the round as a whole (annotations, ...): the agent's."""
+        self._shown.append(event)
+
+    def settled(self, found: Round) -> Round:
+        """The round ended: a held item with nothing after it stays hidden; the agent's calls ride on the Round."""
+        self._dropped.update(self._held)
+        self._held.clear()
+        found.held = [self.awaiting[index] for index in sorted(self.awaiting)]
+        return found
+
+
+async def read_relayed(response: aiohttp.ClientResponse, reader: HoldingReader) -> AsyncIterator[Visible | Round]:
+    """One streamed round: what the agent may see as it comes (what one network read brings, together), then
+    the Round. Nothing of a round whose end is malformed goes out after the fault."""
+    round_key = object()
+    events = EventSplitter(MAX_EVENT_BYTES)
+    async for data in response.content.iter_any():
+        relay = [kept for event in events.feed(data) for kept in reader.feed(parse_event(event, round_key))]
+        if relay:
+            yield reader.visible(relay)
+    last = events.rest()
+    relay = reader.feed(parse_event(last, round_key)) if last else []
+    found = reader.finish()
+    if relay:
+        yield reader.visible(relay)
+    yield found
+
+
+class RelayingModel:
+    path: ClassVar[str]  # the API's endpoint under the base URL
+    errors: ClassVar[ErrorShape] = OPENAI
+    key_header: ClassVar[str] = "Authorization"  # where toolkeeper's own key goes, when it holds one
+    whole_list: ClassVar[tuple[str, str]]  # a whole answer's list of items, and what the answer is called
+    items_key: ClassVar[str]  # where a Round's message keeps its items
+    reader: ClassVar[Callable[[frozenset[str], Round | None], HoldingReader]]
+    items: ClassVar[Items]  # the items an agent may see (the declared calls, the refused ones, out)
+
+    def __init__(self, upstream: Upstream, headers: Mapping[str, str], body: dict[str, Any], query: str = ""):
+        self.upstream = upstream
+        self.headers = upstream.headers(headers, self.key_header)
+        self.body = body  # the agent's request, as it came
+        self.query = query  # the agent's (Azure's api-version, Anthropic's beta): the model server's too
+        self.streaming = bool(body.get("stream"))
+
+    def request(self, neutral: dict[str, Any], previous: Round | None) -> dict[str, Any]:
+        """This round's request body, in the API's own form."""
+        raise NotImplementedError
+
+    def round_of(self, answer: dict[str, Any], raw: bytes | None) -> Round:
+        raise NotImplementedError
+
+    async def round(self, body: dict[str, Any], *, hidden: frozenset[str],
+                    previous: Round | None) -> AsyncIterator[Visible | Round]:
+        payload = dumps(self.request(body, previous))
+        with upstream_failures(self.errors):
+            async with self.upstream.post(self.path, payload, self.headers, self.query) as response:
+                if is_event_stream(response):
+                    async for event in read_relayed(response, self.reader(hidden, previous)):
+                        yield event
+                else:
+                    for event in self._whole(await read_whole(response), hidden, previous):
+                        yield event
+
+    def _whole(self, raw: bytes, hidden: frozenset[str], previous: Round | None) -> list[Visible | Round]:
+        """A whole answer: its text and shown items, then the Round. Its bytes can go back as they came only
+        when nothing was hidden (a server echoes the tools it was sent) and the agent asked for JSON."""
+        listed, what = self.whole_list
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise MalformedResponse(f"JSON that does not parse ({exc})") from exc
+        if not isinstance(answer, dict) or not isinstance(answer.get(listed, []), list):
+            raise MalformedResponse(f"{what} without its {listed} list")
+        found = self.round_of(answer, raw if not (self.streaming or hidden) else None)
+        found.head = round_head(found.head, answer, previous)
+        shown = () if self.streaming else tuple(self.items(found.message[self.items_key], set(hidden), None))
+        text = found.message.get("content")
+        visible = Visible(({"content": text},) if text else (), found.head, shown)
+        return [visible, found] if text or shown else [found]
+
+
+def whole_output(rounds: list[tuple[Any, ...]], items: Items, allowed: set[str]) -> list[dict[str, Any]]:
+    """A whole turn's items as the agent sees them: every round's shown items (`rounds`, one tuple a round),
+    of which only the last round's calls can have gone to the agent, and of those the ones in `allowed`."""
+    output: list[dict[str, Any]] = []
+    for shown in rounds:
+        output = items(output, set(), set()) + list(shown)  # a round after it: none of its calls went
+    return items(output, set(), allowed)
+
+
+class RelayWriter(TurnWriter):
+    """A streamed turn of relayed events: the server's own bytes where nothing is renumbered."""
+
+    def __init__(self, request: Any, keepalive: float):
+        super().__init__(request, keepalive)
+        self.first: dict[str, Any] | None = None  # the turn's first response or message: the agent's
+        self.indexes: dict[tuple[object, int], int] = {}  # (round, the server's index) -> the agent's
+
+    def opening(self) -> list[bytes]:
+        """The events that open the answer, once `first` is known (and only once)."""
+        raise NotImplementedError
+
+    def relayed(self, event: dict[str, Any]) -> bytes:
+        raise NotImplementedError
+
+    async def closing(self, result: TurnResult) -> list[bytes]:
+        """The events that end the answer (toolkeeper's closing words, the totals)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def unpacked(event: dict[str, Any]) -> tuple[bytes | None, object]:
+        """An event's own bytes and its round, taken off it: what is left is the event as the API has it."""
+        return event.pop(RAW, None), event.pop(ROUND, None)
+
+    def number(self, round_key: object, index: int) -> int:
+        """The agent's index of a round's item: one sequence over every round."""
+        return self.indexes.setdefault((round_key, index), len(self.indexes))
+
+    def own_index(self) -> int:
+        """An index for an item of toolkeeper's own (its closing words), after every relayed one."""
+        index = len(self.indexes)
+        self.indexes[(None, -1 - index)] = index
+        return index
+
+    async def working(self, head: dict[str, Any] | None) -> None:
+        await self._send(head, ())  # what the round showed goes out before the tool runs
+
+    async def visible(self, event: Visible) -> None:
+        await self._send(event.head, event.relay)
+
+    async def _send(self, head: dict[str, Any] | None, events: tuple[Any, ...] | list[Any]) -> None:
+        self.first = self.first or (head or {}).get(FIRST)
+        parts = [*self.opening(), *(self.relayed(event) for event in events)]
+        if parts:
+            await self.write(b"".join(parts))
+
+    async def finish(self, result: TurnResult) -> None:
+        self.first = self.first or result.last.head.get(FIRST)
+        allowed = {call.id for call in result.tool_calls}
+        held = [event for call_id, events in result.last.held if call_id in allowed for event in events]
+        parts = [*self.opening(), *(self.relayed(event) for event in held)]
+        parts += await self.closing(result)
+        # the end of the answer and the end of the body in one send
+        response = await self.prepared()
+        await response.write_eof(b"".join(parts))

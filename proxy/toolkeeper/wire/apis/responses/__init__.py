@@ -1,0 +1,6 @@
+"""The Responses API: `/v1/responses`. The adapter, its model, reader and writer, and the items' translation."""
+
+from toolkeeper.wire.apis.responses.adapter import ResponsesAPI
+from toolkeeper.wire.apis.responses.items import flat_tool
+
+__all__ = ["ResponsesAPI", "flat_tool"]

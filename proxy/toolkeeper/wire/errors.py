@@ -1,0 +1,148 @@
+"""Every error toolkeeper answers with, in the shape of the API asked, and the one mapping from an upstream failure.
+
+    Exception
+     ├── UpstreamError       the answer a failed turn gets: the model server's status and body as they came, or
+     │                       toolkeeper's own (`UpstreamError.ours`) when the server could not give one
+     ├── MalformedResponse   the server's answer is not of its API's shape (ValueError)      -> 502
+     └── UpstreamFailed      the server ended its answer with a failure event                 -> 502 (529 overloaded)
+
+A model's `round` reads the server inside `upstream_failures()`, which turns
+every foreign exception (aiohttp's, a timeout, a stream too large) into an
+`UpstreamError`, as httpx's `map_httpcore_exceptions()` does. An adapter
+answers one in its API's `ErrorShape`: OpenAI's for Chat Completions and
+Responses, Anthropic's for Messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from toolkeeper.store import StoreError
+from toolkeeper.wire.sse import EventTooLarge
+
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 415: "invalid_request_error",
+                   429: "rate_limit_error", 529: "overloaded_error"}
+
+
+class MalformedResponse(ValueError):
+    """The model server's response is not of its API's shape; the agent gets a 502."""
+
+
+class UpstreamFailed(Exception):
+    """The model server ended its answer with a failure event (`response.failed`, an `error` event)."""
+
+    def __init__(self, error: dict[str, Any], response: dict[str, Any] | None = None):
+        super().__init__(error.get("message") or "the model server failed")
+        self.error = error
+        self.response = response
+
+
+class UpstreamError(Exception):
+    def __init__(self, status: int, body: bytes, content_type: str = "application/json"):
+        super().__init__(f"upstream answered {status}")
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+
+    @classmethod
+    def ours(cls, status: int, message: str, code: str = "upstream_error") -> UpstreamError:
+        return cls(status, openai_body(message, code))
+
+    def error_object(self) -> dict[str, Any]:
+        """The `error` object of the body (OpenAI's shape), or one that says what came."""
+        try:
+            parsed = orjson.loads(self.body)
+            if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+                return parsed["error"]
+        except orjson.JSONDecodeError:
+            pass
+        text = self.body.decode("utf-8", errors="replace")[:500]
+        return {"message": f"upstream error {self.status}: {text}", "type": "upstream_error", "code": self.status}
+
+
+def openai_body(message: str, code: str, kind: str = "upstream_error") -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+
+def anthropic_body(status: int, message: str) -> bytes:
+    return orjson.dumps({"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"),
+                                                    "message": message}})
+
+
+def store_unavailable(exc: StoreError) -> UpstreamError:
+    return UpstreamError.ours(503, f"toolkeeper's store did not answer: {exc}", "store_unavailable")
+
+
+@dataclass(frozen=True)
+class ErrorShape:
+    """How one API says an error: a refusal before the turn, a failed turn, an error once the stream began."""
+
+    anthropic: bool = False
+
+    def refusal(self, status: int, message: str, code: str = "invalid_request",
+                kind: str = "invalid_request_error") -> web.Response:
+        body = anthropic_body(status, message) if self.anthropic else openai_body(message, code, kind)
+        return web.Response(status=status, body=body, content_type="application/json")
+
+    def body(self, error: UpstreamError) -> bytes:
+        """A failed turn's body: the model server's own when it is already of this shape."""
+        if not self.anthropic:
+            return error.body
+        try:
+            parsed = orjson.loads(error.body)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict) and parsed.get("type") == "error":
+            return error.body
+        return anthropic_body(error.status, str(error.error_object().get("message") or "the model server failed"))
+
+    def response(self, error: UpstreamError) -> web.Response:
+        """A failed turn, before anything was sent: its status, and its body in this shape."""
+        content_type = "application/json" if self.anthropic else error.content_type
+        return web.Response(status=error.status, body=self.body(error), headers={"Content-Type": content_type})
+
+    def failed(self, exc: UpstreamFailed) -> UpstreamError:
+        """The server's failure event as the agent's error: Anthropic's error object kept as it came."""
+        if self.anthropic:
+            status = 529 if exc.error.get("type") == "overloaded_error" else 502
+            return UpstreamError(status, orjson.dumps({"type": "error", "error": exc.error}))
+        error = {"message": exc.error.get("message") or "the model server failed", "type": "upstream_error",
+                 "param": None, "code": exc.error.get("code") or "upstream_failed"}
+        return UpstreamError(502, orjson.dumps({"error": error}))
+
+
+OPENAI = ErrorShape()
+ANTHROPIC = ErrorShape(anthropic=True)
+
+
+def shape_of(path: str) -> ErrorShape:
+    """The shape of the API a path belongs to: Anthropic's for /v1/messages, OpenAI's otherwise."""
+    return ANTHROPIC if path.startswith(("/v1/messages", "/messages")) else OPENAI
+
+
+@contextmanager
+def upstream_failures(shape: ErrorShape = OPENAI) -> Iterator[None]:
+    """Every way a model server can fail one round, as the `UpstreamError` the agent gets."""
+    try:
+        yield
+    except UpstreamFailed as exc:
+        raise shape.failed(exc) from exc
+    except EventTooLarge as exc:
+        raise UpstreamError.ours(502, f"the model server sent {exc}", "upstream_too_large") from exc
+    except MalformedResponse as exc:
+        raise UpstreamError.ours(502, f"the model server sent a malformed response: {exc}",
+                                 "upstream_malformed") from exc
+    except TimeoutError as exc:
+        raise UpstreamError.ours(504, "the model server did not answer in time", "upstream_timeout") from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise UpstreamError.ours(502, f"the model server broke off its response: {exc}") from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamError.ours(502, f"cannot reach the model server: {exc}", "upstream_unreachable") from exc
