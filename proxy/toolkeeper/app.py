@@ -28,9 +28,8 @@ from toolkeeper.policy import (
     Rules,
     RulesError,
     TerminalConsent,
-    default_rules_path,
     has_terminal,
-    load_rules,
+    rules_in_force,
 )
 from toolkeeper.runners import runners_for
 from toolkeeper.settings import TOKEN_VARIABLE, Settings
@@ -80,7 +79,7 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     (the demo answers for the user, tests read records); everything else comes from `settings`."""
     stores = Stores.open(agent, settings)
     opa = OpaPolicy(settings.opa_url, settings.opa_path, settings.opa_timeout) if settings.opa_url else None
-    policy = Policy(agent.config.yolo, rules_in_force(settings, agent), opa)
+    policy = Policy(agent.config.yolo, agent_rules(settings, agent), opa)
     consent = consent or consent_channel(settings, stores.store)
     metrics = Metrics()
     exporter = OtlpExporter(settings.otlp_endpoint) if settings.otlp_endpoint else None
@@ -112,7 +111,7 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     app.on_cleanup.append(close)
     if exporter is not None:
         app.cleanup_ctx.append(exporter.run)
-    app[RELOAD] = Reloader(engine, calls, settings)
+    app[RELOAD] = Reloader(engine, settings)
     return app
 
 
@@ -120,13 +119,12 @@ class Reloader:
     """SIGHUP: the agent file and the rules read again, and used by the turns that begin after; when either
     does not load, the ones in force stay (logged). The audit record names the revisions that decided."""
 
-    def __init__(self, engine: Engine, calls: CallHandler, settings: Settings):
+    def __init__(self, engine: Engine, settings: Settings):
         self.engine = engine
-        self.calls = calls
         self.settings = settings
 
     def describe(self) -> str:
-        return self.calls.policy.describe()
+        return self.engine.calls.policy.describe()
 
     def __call__(self) -> bool:
         old = self.engine.agent
@@ -135,7 +133,7 @@ class Reloader:
             errors = [finding.line() for finding in lint_agent(agent) if finding.severity == "error"]
             if errors:
                 raise AgentFileError(f"{agent.path}: " + "; ".join(errors))
-            rules = rules_in_force(self.settings, agent)
+            rules = agent_rules(self.settings, agent)
             runners = runners_for({tool.spec.runner for tool in agent.tools.values()})
         except (AgentFileError, RulesError, OSError, ValueError) as exc:
             log.error("reload failed, the agent file and the rules in force are kept: %s", exc)
@@ -143,8 +141,8 @@ class Reloader:
         for key in ("upstream", "api_key_env", "agents"):
             if getattr(agent.config, key) != getattr(old.config, key):
                 log.warning("the agent file's %s changed: it takes effect at the next restart", key)
-        self.calls.runners = {**self.calls.runners, **runners}  # a turn begun before may still run an old tool
-        self.calls.policy = Policy(agent.config.yolo, rules, self.calls.policy.opa)
+        calls = self.engine.calls
+        calls.reload(policy=Policy(agent.config.yolo, rules, calls.policy.opa), runners=runners)
         self.engine.use(agent)
         log.info("reloaded: %d declared tools from %s @%s, %s", len(agent.tools), agent.path, agent.revision,
                  self.describe())
@@ -165,12 +163,10 @@ def agent_keys(agent: Agent, settings: Settings) -> dict[str, str]:
     return keys
 
 
-def rules_in_force(settings: Settings, agent: Agent) -> Rules | None:
-    """The YAML rules: the shipped default unless --policy says otherwise (none beside OPA unless given)."""
-    if settings.policy == "none" or (settings.opa_url and not settings.policy):
-        return None
-    rules = load_rules(settings.policy or default_rules_path())
-    for warning in rules.warnings(agent):
+def agent_rules(settings: Settings, agent: Agent) -> Rules | None:
+    """The YAML rules in force (`policy.rules_in_force`), each warning about this agent file logged."""
+    rules = rules_in_force(settings.policy, settings.opa_url)
+    for warning in rules.warnings(agent) if rules else ():
         log.warning("%s", warning)
     return rules
 

@@ -4,8 +4,9 @@
     toolkeeper policy explain agent.yaml release version=1.4.2 channel=stable
 
 A call is described as the model would make it (tool and arguments); the tool's
-declaration in the agent file gives its tier, its runner and its argv, exactly
-as `serve` would build them, so a scenario exercises the real policy input.
+declaration in the agent file gives its tier, its runner and its argv, and the
+call takes the steps `serve` takes (`check_call`, `CallHandler.document`,
+`Policy.decide`), so a scenario exercises the real policy input.
 A call with `source: agent` is one of the agent's own tools (Claude Code's
 Bash, Codex's exec_command): not in the agent file, its arguments as sent.
 """
@@ -23,18 +24,20 @@ from typing import Any, Literal
 from pydantic import Field
 
 from toolkeeper.common import Strict, load_yaml_model
+from toolkeeper.engine import CallHandler, TurnContext
 from toolkeeper.policy import (
     DEFAULT_PATH,
     Decision,
+    NoConsent,
     OpaPolicy,
     Policy,
     Rules,
     RulesError,
     default_rules_path,
     load_rules,
-    policy_input,
+    rules_in_force,
 )
-from toolkeeper.tools import Agent, AgentFileError, RenderError, check_arguments, load_agent_file
+from toolkeeper.tools import Agent, AgentFileError, check_call, load_agent_file
 
 
 class Call(Strict):
@@ -43,15 +46,20 @@ class Call(Strict):
     source: Literal["declared", "agent"] = "declared"  # agent: one of the agent's own tools
 
 
-class Scenario(Strict):
+class Situation(Strict):
+    """When and for whom a call is decided: what a scenario (or `explain`'s options) says of the request."""
+
+    yolo: bool | None = None  # None: the agent file's
+    interactive: bool = True
+    at: datetime | None = None
+    agent: dict[str, str] = Field(default_factory=dict)  # id, header
+
+
+class Scenario(Situation):
     name: str
     call: Call
     expect: str
     rule: str | None = None
-    yolo: bool | None = None
-    interactive: bool = True
-    at: datetime | None = None
-    agent: dict[str, str] = Field(default_factory=dict)
 
 
 class ScenarioFile(Strict):
@@ -88,38 +96,33 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.policy_command == "test":
             return run_tests(args.scenarios, opa_url=args.opa_url, opa_path=args.opa_path)
-        return explain(args.agent_file, args.tool, args.arguments, policy=args.policy, yolo=args.yolo, at=args.at,
-                       agent_id=args.agent_id, agent_header=args.agent_header, opa_url=args.opa_url,
-                       opa_path=args.opa_path, source=args.source)
+        return explain(args)
     except (AgentFileError, RulesError, ValueError) as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
 
 
-async def evaluate(agent: Agent, rules: Rules | None, call: Call, *, yolo: bool | None = None,
-                   interactive: bool = True, at: datetime | None = None, agent_id: str = "",
-                   agent_header: str | None = None, opa: OpaPolicy | None = None) -> tuple[dict[str, Any], Decision]:
-    """The policy input `serve` would build for this call, and the decision."""
-    yolo = agent.config.yolo if yolo is None else yolo
+async def evaluate(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, call: Call,
+                   situation: Situation) -> tuple[dict[str, Any], Decision]:
+    """The policy input `serve` would build for this call, and the decision, by the steps `serve` takes."""
+    yolo = agent.config.yolo if situation.yolo is None else situation.yolo
+    handler = CallHandler(runners={}, consent=NoConsent(), policy=Policy(yolo, rules, opa))
+    turn = TurnContext(agent=situation.agent.get("id", ""), agent_header=situation.agent.get("header"))
     if call.source == "agent":
-        document = policy_input(call.tool, call.arguments, None, agent_id=agent_id, agent_header=agent_header,
-                                yolo=yolo, interactive=interactive, now=at)
-        return document, await Policy(yolo, rules, opa).decide(document)
+        document = handler.document(call.tool, call.arguments, None, turn, interactive=situation.interactive,
+                                    now=situation.at)
+        return document, await handler.policy.decide(document)
     tool = agent.tools.get(call.tool)
     if tool is None:
         raise RulesError(f"{call.tool!r} is not a tool of {agent.path} (its tools: {', '.join(agent.tools)}); "
                          "one of the agent's own tools is described with `source: agent`")
-    checked = check_arguments(tool.spec, call.arguments)
-    if not checked.ok:
+    checked = check_call(tool, call.arguments)
+    if checked.problems:
         raise RulesError(f"the call to {call.tool} is invalid, so no policy would see it: "
                          + "; ".join(checked.problems))
-    try:
-        argv = tool.template.render(checked.values)
-    except RenderError as exc:
-        raise RulesError(f"the call to {call.tool} is invalid: {exc}") from None
-    document = policy_input(tool, checked.values, argv, agent_id=agent_id, agent_header=agent_header,
-                            yolo=yolo, interactive=interactive, now=at)
-    return document, await Policy(yolo, rules, opa).decide(document)
+    document = handler.document(tool, checked.values, checked.argv, turn, interactive=situation.interactive,
+                                now=situation.at)
+    return document, await handler.policy.decide(document)
 
 
 def _describe(decision: Decision) -> str:
@@ -153,10 +156,7 @@ async def _run_tests(path: str | Path, opa_url: str | None, opa_path: str) -> in
             for scenario in spec.scenarios:
                 runs += 1
                 try:
-                    _, decision = await evaluate(agent, engine_rules, scenario.call, yolo=scenario.yolo,
-                                                 interactive=scenario.interactive, at=scenario.at,
-                                                 agent_id=scenario.agent.get("id", ""),
-                                                 agent_header=scenario.agent.get("header"), opa=opa)
+                    _, decision = await evaluate(agent, engine_rules, opa, scenario.call, scenario)
                 except RulesError as exc:
                     print(f"FAIL [{engine}] {scenario.name}: {exc}")
                     failures += 1
@@ -176,25 +176,25 @@ async def _run_tests(path: str | Path, opa_url: str | None, opa_path: str) -> in
     return 1 if failures else 0
 
 
-def explain(agent_file: str, tool: str, pairs: list[str], *, policy: str | None = None, yolo: bool | None = None,
-            at: datetime | None = None, agent_id: str = "", agent_header: str | None = None,
-            opa_url: str | None = None, opa_path: str = DEFAULT_PATH, source: str = "declared") -> int:
+def explain(args: argparse.Namespace) -> int:
     """Show the policy input of one call, which rules match it, and what decides."""
     arguments = {}
-    for pair in pairs:
+    for pair in args.arguments:
         key, sep, value = pair.partition("=")
         if not sep:
             print(f"toolkeeper: arguments are key=value pairs; got {pair!r}")
             return 2
         arguments[key] = value  # strings, coerced like a model's: "3" -> 3, "true" -> true
-    agent = load_agent_file(agent_file)
-    rules = None if policy == "none" or (opa_url and not policy) else load_rules(policy or default_rules_path())
-    opa = OpaPolicy(opa_url, opa_path, timeout=5) if opa_url else None
+    agent = load_agent_file(args.agent_file)
+    rules = rules_in_force(args.policy, args.opa_url)
+    opa = OpaPolicy(args.opa_url, args.opa_path, timeout=5) if args.opa_url else None
+    situation = Situation(yolo=args.yolo, at=args.at, agent={"id": args.agent_id, **(
+        {"header": args.agent_header} if args.agent_header is not None else {})})
 
     async def run() -> tuple[dict[str, Any], Decision]:
         try:
-            return await evaluate(agent, rules, Call(tool=tool, arguments=arguments, source=source), yolo=yolo, at=at,
-                                  agent_id=agent_id, agent_header=agent_header, opa=opa)
+            return await evaluate(agent, rules, opa, Call(tool=args.tool, arguments=arguments, source=args.source),
+                                  situation)
         finally:
             if opa is not None:
                 await opa.close()

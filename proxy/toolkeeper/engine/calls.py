@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from toolkeeper.audit import AuditError, ExecutionRecord, Observer, Redactor, SQLAudit
@@ -26,7 +27,7 @@ from toolkeeper.metrics import Metrics
 from toolkeeper.policy import Consent, ConsentRequest, Decision, Policy, arguments_hash, policy_input
 from toolkeeper.runners import Runner
 from toolkeeper.store import Store, StoreError
-from toolkeeper.tools import DeclaredTool, RenderError, check_arguments, invalid_call_answer, parse_arguments
+from toolkeeper.tools import DeclaredTool, check_call, invalid_call_answer, parse_arguments
 
 log = logging.getLogger("toolkeeper")
 
@@ -101,6 +102,20 @@ class CallHandler:
         # The steps in order; each answers, or returns None to go on. The run comes last.
         self.steps: tuple[Step, ...] = (self._detect_loop, self._check, self._replay, self._decide, self._record)
 
+    def reload(self, *, policy: Policy, runners: Mapping[str, Runner]) -> None:
+        """The policy and runners for the calls that begin after (SIGHUP). Runners are added to, never taken
+        away: a turn begun before may still run an old tool."""
+        self.policy = policy
+        self.runners = {**self.runners, **runners}
+
+    def document(self, tool: DeclaredTool | str, arguments: Any, argv: list[str] | None, turn: TurnContext, *,
+                 interactive: bool | None = None, now: datetime | None = None) -> dict[str, Any]:
+        """The policy input of one call (a declared tool, or the name of one of the agent's own), as every
+        policy source reads it; `interactive` defaults to whether the consent channel can ask."""
+        return policy_input(tool, arguments, argv, agent_id=turn.agent, agent_header=turn.agent_header,
+                            request_id=turn.request_id, yolo=self.policy.yolo,
+                            interactive=self.consent.can_ask if interactive is None else interactive, now=now)
+
     async def handle(self, call: ToolCall, tool: DeclaredTool, context: CallContext, *,
                      truncated: bool = False) -> Outcome:
         record = ExecutionRecord(request_id=context.turn.request_id, agent=context.turn.agent, api=context.turn.api,
@@ -167,18 +182,12 @@ class CallHandler:
         )
 
     async def _check(self, state: _Call) -> Outcome | None:
-        spec = state.tool.spec
-        arguments, problem = parse_arguments(state.call.arguments, truncated=state.truncated)
-        if problem:
-            return Outcome(invalid_call_answer(spec, state.call.arguments, [problem]))
-        checked = check_arguments(spec, arguments)
-        if not checked.ok:
-            return Outcome(invalid_call_answer(spec, arguments, checked.problems))
-        state.values = state.record.arguments = checked.values
-        try:
-            state.argv = state.record.argv = state.tool.template.render(checked.values)
-        except RenderError as exc:
-            return Outcome(invalid_call_answer(spec, arguments, [str(exc)]))
+        checked = check_call(state.tool, state.call.arguments, truncated=state.truncated)
+        if checked.values is not None:
+            state.values = state.record.arguments = checked.values
+        if checked.problems:
+            return Outcome(invalid_call_answer(state.tool.spec, checked.quoted, checked.problems))
+        state.argv = state.record.argv = checked.argv
         return None
 
     async def _replay(self, state: _Call) -> Outcome | None:
@@ -201,10 +210,7 @@ class CallHandler:
         return Outcome(replayed[0])
 
     async def _decide(self, state: _Call) -> Outcome | None:
-        turn = state.context.turn
-        document = policy_input(state.tool, state.values, state.argv, agent_id=turn.agent,
-                                agent_header=turn.agent_header, request_id=turn.request_id,
-                                yolo=self.policy.yolo, interactive=self.consent.can_ask)
+        document = self.document(state.tool, state.values, state.argv, state.context.turn)
         state.record.policy_input = document
         decision = await self.policy.decide(document)
         state.record.decided_by(decision)
@@ -267,9 +273,7 @@ class CallHandler:
         # what an approver sees and an approval is bound to: the arguments, or their text when not an object
         values = arguments if isinstance(arguments, dict) else {"arguments": call.arguments_text}
         state = _Call(call, None, context, record, False, values=values)  # type: ignore[arg-type]
-        document = policy_input(call.name, arguments if arguments is not None else call.arguments_text, None,
-                                agent_id=turn.agent, agent_header=turn.agent_header, request_id=turn.request_id,
-                                yolo=self.policy.yolo, interactive=self.consent.can_ask)
+        document = self.document(call.name, arguments if arguments is not None else call.arguments_text, None, turn)
         record.policy_input = document
         decision = await self.policy.decide(document)
         record.decided_by(decision)

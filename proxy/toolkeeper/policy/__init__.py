@@ -19,7 +19,7 @@ from toolkeeper.policy.consent import (
 from toolkeeper.policy.decision import Decision, Effect, most_restrictive
 from toolkeeper.policy.opa import DEFAULT_PATH, OpaPolicy
 from toolkeeper.policy.policy import Policy, policy_input, tier_decision
-from toolkeeper.policy.rules import Rules, RulesError, default_rules_path, load_rules
+from toolkeeper.policy.rules import Rules, RulesError, default_rules_path, load_rules, rules_in_force
 
 __all__ = [
     "DEFAULT_PATH",
@@ -42,5 +42,6 @@ __all__ = [
     "load_rules",
     "most_restrictive",
     "policy_input",
+    "rules_in_force",
     "tier_decision",
 ]

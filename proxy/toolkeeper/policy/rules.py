@@ -274,3 +274,11 @@ def load_rules(path: str | Path) -> Rules:
     parsed, text, _ = load_yaml_model(path, RulesFile, RulesError, what="the rules file",
                                       entries="rules", entry="rule", name_key="id")
     return Rules(path, parsed, sha256_hex(text)[:12])
+
+
+def rules_in_force(policy: str | None, opa_url: str | None = None) -> Rules | None:
+    """The YAML rules that decide, as `serve` and `policy explain` read `--policy`: the shipped default unless
+    it names a file; none for `none`, and none beside OPA unless one is named."""
+    if policy == "none" or (opa_url and not policy):
+        return None
+    return load_rules(policy or default_rules_path())

@@ -20,7 +20,14 @@ from toolkeeper.tools.agentfile import (
     load_agent_keys,
     minimal_path,
 )
-from toolkeeper.tools.arguments import Checked, check_arguments, invalid_call_answer, parse_arguments
+from toolkeeper.tools.arguments import (
+    Checked,
+    CheckedCall,
+    check_arguments,
+    check_call,
+    invalid_call_answer,
+    parse_arguments,
+)
 from toolkeeper.tools.discovery import (
     SEARCH_BUDGET,
     SEARCH_SCHEMA,
@@ -43,6 +50,7 @@ __all__ = [
     "AgentFileError",
     "AgentKey",
     "Checked",
+    "CheckedCall",
     "CommandTemplate",
     "DeclaredTool",
     "Finding",
@@ -56,6 +64,7 @@ __all__ = [
     "WasmModuleError",
     "budget_answer",
     "check_arguments",
+    "check_call",
     "compiled_modules",
     "invalid_call_answer",
     "lint_agent",

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolkeeper.common import dumps
-from toolkeeper.tools.agentfile import Parameter, ToolSpec
+from toolkeeper.tools.agentfile import DeclaredTool, Parameter, ToolSpec
 from toolkeeper.tools.schemas import CLOSING_SENTENCE, constraint_words
-from toolkeeper.tools.templates import render_scalar
+from toolkeeper.tools.templates import RenderError, render_scalar
 
 INTEGER_TEXT = re.compile(r"^\s*[-+]?\d+\s*$")
 NUMBER_TEXT = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
@@ -216,3 +216,28 @@ def parameter_list(tool: ToolSpec) -> str:
         description = f" {param.description.strip()}" if param.description.strip() else ""
         lines.append(f"- {name} ({kind}): {words}{description}")
     return "\n".join(lines)
+
+
+@dataclass
+class CheckedCall:
+    """A declared call's arguments checked and its argv rendered, or the problems a model must fix."""
+
+    quoted: Any  # what the model sent, as an invalid-call answer quotes it
+    values: dict[str, Any] | None = None  # the coerced arguments, once they check
+    argv: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def check_call(tool: DeclaredTool, sent: Any, *, truncated: bool = False) -> CheckedCall:
+    """Parse, check and coerce what the model sent, and render the argv: the step every declared call takes
+    before any policy sees it (serve, and `policy test`/`explain`)."""
+    arguments, problem = parse_arguments(sent, truncated=truncated)
+    if problem:
+        return CheckedCall(sent, problems=[problem])
+    checked = check_arguments(tool.spec, arguments)
+    if not checked.ok:
+        return CheckedCall(arguments, problems=checked.problems)
+    try:
+        return CheckedCall(arguments, checked.values, tool.template.render(checked.values))
+    except RenderError as exc:
+        return CheckedCall(arguments, checked.values, problems=[str(exc)])
