@@ -104,7 +104,7 @@ def test_broken_sse_before_the_first_byte_is_a_502(scripted, tk):
     scripted.script({"raw": "data: {garbage\n\n", "content_type": "text/event-stream"})
     status, data = raw_post(tk, {"model": "m", "messages": user(), "stream": True})
     assert status == 502
-    assert "malformed stream event" in json.loads(data)["error"]["message"]
+    assert "malformed JSON in a stream event" in json.loads(data)["error"]["message"]
 
 
 def test_unreachable_upstream_is_a_502(agent_dir, tmp_path):

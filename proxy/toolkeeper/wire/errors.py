@@ -68,6 +68,17 @@ class UpstreamError(Exception):
         return {"message": f"upstream error {self.status}: {text}", "type": "upstream_error", "code": self.status}
 
 
+def json_object(raw: bytes, what: str) -> dict[str, Any]:
+    """A model server's JSON object (a whole answer, one stream event), or the MalformedResponse saying why not."""
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedResponse(f"malformed JSON in {what} ({exc})") from exc
+    if not isinstance(parsed, dict):
+        raise MalformedResponse(f"{what} that is not a JSON object")
+    return parsed
+
+
 def openai_body(message: str, code: str, kind: str = "upstream_error") -> bytes:
     return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
 

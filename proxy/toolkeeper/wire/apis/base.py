@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from toolkeeper.common import dumps
 from toolkeeper.engine import Engine, Event, TurnContext, TurnResult, Visible, Working
 from toolkeeper.metrics import Metrics
 from toolkeeper.store import StoreError
@@ -31,9 +32,41 @@ from toolkeeper.wire.upstream import Upstream
 log = logging.getLogger("toolkeeper")
 
 KEEPALIVE = b": keep-alive\n\n"
+# A whole turn's answer, from its result and what each round relayed; what an adapter keeps of it (the ids given).
+Whole = Callable[[TurnResult, list[tuple[Any, ...]]], dict[str, Any]]
+Keep = Callable[[TurnResult, dict[str, Any]], Awaitable[None]]
 # The model server's failure that ended this request's turn (its status, or ours: 502 unreachable, 504 timeout),
 # for the metrics; one per request, as each request is its own task.
 UPSTREAM_FAILURE: ContextVar[int | None] = ContextVar("upstream_failure", default=None)
+
+
+# A request field the engine reads: its name, the JSON types it may have (null always may), and the 400's words.
+Field = tuple[str, tuple[type, ...], str]
+
+
+def of_json_type(value: Any, kinds: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):  # JSON's true is no number
+        return bool in kinds
+    return isinstance(value, kinds)
+
+
+def field_problem(body: dict[str, Any], fields: tuple[Field, ...]) -> str | None:
+    """The first field of `body` that has a value of the wrong type: what the 400 says of it."""
+    return next((problem for key, kinds, problem in fields
+                 if body.get(key) is not None and not of_json_type(body[key], kinds)), None)
+
+
+def first_problem(entries: Any, check: Callable[[dict[str, Any]], str | None], label: str, kind: str, *,
+                  required: str = "") -> str | None:
+    """The first entry's problem (an entry is an object, a `kind`; `check` says the rest), said with where it
+    stands: `label[position]: problem`. `required`: what to say when `entries` is no non-empty list."""
+    if required and (not isinstance(entries, list) or not entries):
+        return required
+    for position, entry in enumerate(entries):
+        problem = check(entry) if isinstance(entry, dict) else f"each {kind} must be an object"
+        if problem:
+            return f"{label}[{position}]: {problem}"
+    return None
 
 
 def credentials_hash(headers: Any) -> str:
@@ -45,6 +78,12 @@ def credentials_hash(headers: Any) -> str:
 class AgentAPI:
     api = "chat"  # what records say the agent spoke
     errors: ErrorShape = OPENAI
+
+    @staticmethod
+    def check(body: dict[str, Any]) -> str | None:
+        """What is wrong with a request body (a JSON object), in the words a 400 gives; None when it can be
+        served."""
+        raise NotImplementedError
 
     def __init__(self, engine: Engine, upstream: Upstream, *, keepalive: float = 5.0,
                  identity_header: str | None = None, metrics: Metrics | None = None):
@@ -77,28 +116,36 @@ class AgentAPI:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             return self.refuse(f"the request body is not valid JSON: {exc}")
+        problem = self.check(body) if isinstance(body, dict) else "the request body must be a JSON object"
+        if problem:
+            return self.refuse(problem)
         return await self.answer(request, body, raw)
 
     def refuse(self, message: str, code: str = "invalid_request", status: int = 400) -> web.Response:
         """A request refused before the turn, in the API's error shape."""
         return self.errors.refusal(status, message, code)
 
-    async def whole(self, events: AsyncIterator[Event],
-                    relayed: list[tuple[Any, ...]] | None = None) -> TurnResult | web.Response:
-        """A turn that is not streamed: its result (and in `relayed`, what each Visible relays), or the error
-        answer in the API's shape, never a bare 500."""
-        result = None
+    async def whole(self, events: AsyncIterator[Event], answer: Whole, keep: Keep | None = None) -> web.Response:
+        """A turn that is not streamed: the upstream's own bytes when nothing happened in between, else
+        `answer(result, relayed)` (`relayed`: what each Visible relayed, a tuple a round), kept (`keep`) before
+        the agent has it; or the error in the API's shape, never a bare 500."""
+        result, relayed = None, []
         try:
             async for event in events:
                 if isinstance(event, TurnResult):
                     result = event
-                elif relayed is not None and isinstance(event, Visible) and event.relay:
+                elif isinstance(event, Visible) and event.relay:
                     relayed.append(event.relay)
         except Exception as exc:
             return self.errors.response(failure_of(exc))
         if result is None:
             raise RuntimeError("the engine ended a turn without a result")
-        return result
+        if result.passthrough:
+            return web.Response(body=result.last.raw, content_type="application/json")
+        answered = answer(result, relayed)
+        if keep is not None:
+            await keep(result, answered)
+        return web.Response(body=dumps(answered), content_type="application/json")
 
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
         raise NotImplementedError

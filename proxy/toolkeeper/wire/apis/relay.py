@@ -24,15 +24,15 @@ must not see.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import aiohttp
-import orjson
 
 from toolkeeper.common import dumps
 from toolkeeper.engine import Round, TurnResult, Visible
 from toolkeeper.wire.apis.base import TurnWriter
-from toolkeeper.wire.errors import OPENAI, ErrorShape, MalformedResponse, upstream_failures
+from toolkeeper.wire.errors import OPENAI, ErrorShape, MalformedResponse, json_object, upstream_failures
 from toolkeeper.wire.sse import EventSplitter
 from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, is_event_stream, read_whole
 
@@ -46,12 +46,7 @@ Items = Callable[[list[dict[str, Any]], set[str], set[str] | None], list[dict[st
 def parse_event(data: bytes, round_key: object) -> dict[str, Any]:
     """One SSE event's JSON (its `data:` lines; the `event:` line repeats the type), with its bytes and round."""
     lines = [line[5:].lstrip() for line in data.split(b"\n") if line.startswith(b"data:")]
-    try:
-        event = orjson.loads(b"\n".join(lines))
-    except orjson.JSONDecodeError as exc:
-        raise MalformedResponse(f"a stream event that is not JSON ({exc})") from exc
-    if not isinstance(event, dict):
-        raise MalformedResponse("a stream event that is not an object")
+    event = json_object(b"\n".join(lines), "a stream event")
     event[RAW] = data
     event[ROUND] = round_key
     return event
@@ -75,15 +70,11 @@ class HoldingReader:
     def __init__(self, hidden: frozenset[str], previous: Round | None):
         self.hidden = hidden
         self.previous = previous
+        self.started: dict[str, Any] | None = None  # the round's response or message as its stream began
         self._shown: list[dict[str, Any]] = []  # the agent's events of the event being read
         self._held: dict[int, list[dict[str, Any]]] = {}  # reasoning or thinking items' events, by index
         self._dropped: set[int] = set()
         self.awaiting: dict[int, tuple[str, list[dict[str, Any]]]] = {}  # the agent's own calls: id, events
-
-    @property
-    def started(self) -> dict[str, Any] | None:
-        """The round's response or message as its stream began, once its first event came."""
-        raise NotImplementedError
 
     def read(self, event: dict[str, Any]) -> None:
         """Take one event: `starts` an item, `route` an item's event, or keep it as the round's own."""
@@ -164,18 +155,26 @@ async def read_relayed(response: aiohttp.ClientResponse, reader: HoldingReader) 
     yield found
 
 
+@dataclass(frozen=True)
+class Relayed:
+    """What relaying needs to know of one API."""
+
+    path: str  # its endpoint under the base URL
+    answer: str  # what a whole answer is called, for errors ("a response")
+    listed: str  # a whole answer's list of items ("output")
+    kept_in: str  # where a Round's message keeps them
+    reader: Callable[[frozenset[str], Round | None], HoldingReader]
+    items: Items  # the items an agent may see (the declared calls, and the refused ones, out)
+    errors: ErrorShape = OPENAI
+    key_header: str = "Authorization"  # where toolkeeper's own key goes, when it holds one
+
+
 class RelayingModel:
-    path: ClassVar[str]  # the API's endpoint under the base URL
-    errors: ClassVar[ErrorShape] = OPENAI
-    key_header: ClassVar[str] = "Authorization"  # where toolkeeper's own key goes, when it holds one
-    whole_list: ClassVar[tuple[str, str]]  # a whole answer's list of items, and what the answer is called
-    items_key: ClassVar[str]  # where a Round's message keeps its items
-    reader: ClassVar[Callable[[frozenset[str], Round | None], HoldingReader]]
-    items: ClassVar[Items]  # the items an agent may see (the declared calls, the refused ones, out)
+    api: ClassVar[Relayed]
 
     def __init__(self, upstream: Upstream, headers: Mapping[str, str], body: dict[str, Any], query: str = ""):
         self.upstream = upstream
-        self.headers = upstream.headers(headers, self.key_header)
+        self.headers = upstream.headers(headers, self.api.key_header)
         self.body = body  # the agent's request, as it came
         self.query = query  # the agent's (Azure's api-version, Anthropic's beta): the model server's too
         self.streaming = bool(body.get("stream"))
@@ -190,10 +189,10 @@ class RelayingModel:
     async def round(self, body: dict[str, Any], *, hidden: frozenset[str],
                     previous: Round | None) -> AsyncIterator[Visible | Round]:
         payload = dumps(self.request(body, previous))
-        with upstream_failures(self.errors):
-            async with self.upstream.post(self.path, payload, self.headers, self.query) as response:
+        with upstream_failures(self.api.errors):
+            async with self.upstream.post(self.api.path, payload, self.headers, self.query) as response:
                 if is_event_stream(response):
-                    async for event in read_relayed(response, self.reader(hidden, previous)):
+                    async for event in read_relayed(response, self.api.reader(hidden, previous)):
                         yield event
                 else:
                     for event in self._whole(await read_whole(response), hidden, previous):
@@ -202,19 +201,35 @@ class RelayingModel:
     def _whole(self, raw: bytes, hidden: frozenset[str], previous: Round | None) -> list[Visible | Round]:
         """A whole answer: its text and shown items, then the Round. Its bytes can go back as they came only
         when nothing was hidden (a server echoes the tools it was sent) and the agent asked for JSON."""
-        listed, what = self.whole_list
-        try:
-            answer = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise MalformedResponse(f"JSON that does not parse ({exc})") from exc
-        if not isinstance(answer, dict) or not isinstance(answer.get(listed, []), list):
-            raise MalformedResponse(f"{what} without its {listed} list")
+        answer = json_object(raw, self.api.answer)
+        if not isinstance(answer.get(self.api.listed, []), list):
+            raise MalformedResponse(f"{self.api.answer} without its {self.api.listed} list")
         found = self.round_of(answer, raw if not (self.streaming or hidden) else None)
         found.head = round_head(found.head, answer, previous)
-        shown = () if self.streaming else tuple(self.items(found.message[self.items_key], set(hidden), None))
+        shown = () if self.streaming else tuple(self.api.items(found.message[self.api.kept_in], set(hidden), None))
         text = found.message.get("content")
         visible = Visible(({"content": text},) if text else (), found.head, shown)
         return [visible, found] if text or shown else [found]
+
+
+def shown_entries(entries: list[dict[str, Any]], hidden: set[str] | frozenset[str], allowed: set[str] | None, *,
+                  held: tuple[str, ...], calls: tuple[str, ...], id_of: Callable[[dict[str, Any]], str],
+                  ) -> list[dict[str, Any]]:
+    """The items (or blocks) an agent may see: all but the declared calls (and, given `allowed`, the agent's
+    calls the rules did not let through), and the reasoning or thinking that led to one (of a type in `held`:
+    it travels with the entry it precedes)."""
+    shown: list[dict[str, Any]] = []
+    pending: list[dict[str, Any]] = []
+    for entry in entries:
+        if entry.get("type") in held:
+            pending.append(entry)
+            continue
+        refused = allowed is not None and id_of(entry) not in allowed
+        if not (entry.get("type") in calls and (entry.get("name") in hidden or refused)):
+            shown.extend(pending)
+            shown.append(entry)
+        pending = []
+    return shown
 
 
 def whole_output(rounds: list[tuple[Any, ...]], items: Items, allowed: set[str]) -> list[dict[str, Any]]:

@@ -12,57 +12,40 @@ from typing import Any
 
 from aiohttp import web
 
-from toolkeeper.common import dumps
-from toolkeeper.wire.apis.base import AgentAPI
+from toolkeeper.wire.apis.base import AgentAPI, Field, field_problem, first_problem
 from toolkeeper.wire.apis.chat.model import ChatModel
-from toolkeeper.wire.apis.chat.stream import of_json_type
 from toolkeeper.wire.apis.chat.writer import StreamWriter, whole_response
 from toolkeeper.wire.upstream import upstream_for
 
 
-def check_request(body: Any) -> str | None:
+def check_request(body: dict[str, Any]) -> str | None:
     """What is wrong with a chat request, in the words a 400 gives; None when the engine can take it."""
-    if not isinstance(body, dict):
-        return "the request body must be a JSON object"
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return "'messages' must be a non-empty list of messages"
-    for position, message in enumerate(messages):
-        problem = _check_message(message)
-        if problem:
-            return f"messages[{position}]: {problem}"
     tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            return "'tools' must be a list of tool objects"
-        for position, tool in enumerate(tools):
-            problem = _check_tool(tool)
-            if problem:
-                return f"tools[{position}]: {problem}"
-    for key, kinds, what in REQUEST_FIELDS:
-        if body.get(key) is not None and not of_json_type(body[key], kinds):
-            return f"'{key}' must be {what}"
+    if tools is not None and not isinstance(tools, list):
+        return "'tools' must be a list of tool objects"
     options = body.get("stream_options")
     if isinstance(options, dict) and not isinstance(options.get("include_usage", False), bool):
         return "'stream_options.include_usage' must be true or false"
     if isinstance(body.get("n"), int) and body["n"] < 1:
         return "'n' must be at least 1"
-    return None
+    return (first_problem(body.get("messages"), _check_message, "messages", "message",
+                          required="'messages' must be a non-empty list of messages")
+            or first_problem(tools or [], _check_tool, "tools", "tool") or field_problem(body, REQUEST_FIELDS))
 
 
 # Request fields the engine reads: their JSON types (a bool is never taken for a number).
-REQUEST_FIELDS = (
-    ("stream", (bool,), "true or false"),
-    ("stream_options", (dict,), "an object"),
-    ("n", (int,), "a whole number"),
-    ("tool_choice", (str, dict), "a string or an object"),
-    ("parallel_tool_calls", (bool,), "true or false"),
-    ("model", (str,), "a string"),
+REQUEST_FIELDS: tuple[Field, ...] = (
+    ("stream", (bool,), "'stream' must be true or false"),
+    ("stream_options", (dict,), "'stream_options' must be an object"),
+    ("n", (int,), "'n' must be a whole number"),
+    ("tool_choice", (str, dict), "'tool_choice' must be a string or an object"),
+    ("parallel_tool_calls", (bool,), "'parallel_tool_calls' must be true or false"),
+    ("model", (str,), "'model' must be a string"),
 )
 
 
-def _check_message(message: Any) -> str | None:
-    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+def _check_message(message: dict[str, Any]) -> str | None:
+    if not isinstance(message.get("role"), str):
         return "every message must be an object with a 'role' string"
     calls = message.get("tool_calls")
     if calls is None:
@@ -78,9 +61,7 @@ def _check_message(message: Any) -> str | None:
     return None
 
 
-def _check_tool(tool: Any) -> str | None:
-    if not isinstance(tool, dict):
-        return "each tool must be an object"
+def _check_tool(tool: dict[str, Any]) -> str | None:
     function = tool.get("function")
     if "function" in tool and not isinstance(function, dict):
         return "'function' must be an object with a 'name'"
@@ -91,10 +72,9 @@ def _check_tool(tool: Any) -> str | None:
 
 
 class ChatCompletions(AgentAPI):
+    check = staticmethod(check_request)
+
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
-        problem = check_request(body)
-        if problem:
-            return self.refuse(problem)
         if isinstance(body.get("n"), int) and body["n"] > 1 and (
                 self.engine.active_tools(body) or (body.get("tools") and self.engine.calls.policy.governs_agents)):
             return self.refuse("n > 1 cannot be combined with declared tools or governed tool calls: only the "
@@ -103,9 +83,4 @@ class ChatCompletions(AgentAPI):
         events = self.engine.run(body, model, self.context(request, raw))
         if body.get("stream"):
             return await StreamWriter(request, body, self.keepalive).relay(events)
-        result = await self.whole(events)
-        if isinstance(result, web.Response):
-            return result
-        if result.passthrough:
-            return web.Response(body=result.last.raw, content_type="application/json")
-        return web.Response(body=dumps(whole_response(result, body)), content_type="application/json")
+        return await self.whole(events, lambda result, relayed: whole_response(result, body))

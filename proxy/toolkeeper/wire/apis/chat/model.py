@@ -16,7 +16,7 @@ import orjson
 from toolkeeper.common import dumps
 from toolkeeper.engine import Round, Visible
 from toolkeeper.wire.apis.chat.stream import VISIBLE_FIELDS, StreamAssembler, round_from_response
-from toolkeeper.wire.errors import MalformedResponse, UpstreamError, upstream_failures
+from toolkeeper.wire.errors import MalformedResponse, UpstreamError, json_object, upstream_failures
 from toolkeeper.wire.sse import EventSplitter
 from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, is_event_stream, read_whole
 
@@ -49,11 +49,8 @@ class ChatModel:
 
 
 def _parse_json(raw: bytes) -> dict[str, Any]:
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedResponse(f"malformed JSON ({exc})") from exc
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("choices"), list):
+    parsed = json_object(raw, "a response")
+    if not isinstance(parsed.get("choices"), list):
         raise MalformedResponse("a response without choices")
     return parsed
 
@@ -105,12 +102,7 @@ def _dispatch(event: bytes, assembler: StreamAssembler) -> tuple[bool, dict[str,
         data = b"\n".join(lines)
     if data.strip() == b"[DONE]":
         return True, None
-    try:
-        chunk = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedResponse(f"a malformed stream event ({exc})") from exc
-    if not isinstance(chunk, dict):
-        raise MalformedResponse("a stream event that is not an object")
+    chunk = json_object(data, "a stream event")
     if chunk.get("error"):
         raise UpstreamError(502, orjson.dumps({"error": chunk["error"]}))  # the server's own error, as it came
     return False, assembler.feed(chunk)

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from toolkeeper.engine import Round, ToolCall
+from toolkeeper.wire.apis.base import of_json_type
 from toolkeeper.wire.errors import MalformedResponse
 
 # Delta fields the agent reads as they come (the answer's text and reasoning).
@@ -26,12 +27,6 @@ VISIBLE_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
 HEAD_FIELDS = ("id", "created", "model", "system_fingerprint")
 ID_ALPHABET = string.ascii_letters + string.digits
 VALID_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-def of_json_type(value: Any, kinds: tuple[type, ...]) -> bool:
-    if isinstance(value, bool):  # JSON's true is no number
-        return bool in kinds
-    return isinstance(value, kinds)
 
 
 def _expect(value: Any, kinds: tuple[type, ...], where: str) -> Any:

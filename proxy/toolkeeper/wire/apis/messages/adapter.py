@@ -12,7 +12,6 @@ from typing import Any
 
 from aiohttp import web
 
-from toolkeeper.common import dumps
 from toolkeeper.wire.apis.base import AgentAPI
 from toolkeeper.wire.apis.messages.items import (
     anthropic_tool,
@@ -32,10 +31,9 @@ class MessagesAPI(AgentAPI):
     api = "messages"
     errors = ANTHROPIC
 
+    check = staticmethod(check_request)
+
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
-        problem = check_request(body)
-        if problem:
-            return self.refuse(problem)
         neutral: dict[str, Any] = {"messages": messages_from_anthropic(body["messages"])}
         if "tools" in body:
             neutral["tools"] = body["tools"]
@@ -45,14 +43,8 @@ class MessagesAPI(AgentAPI):
         events = self.engine.run(neutral, model, self.context(request, raw))
         if body.get("stream"):
             return await MessagesWriter(request, self.keepalive).relay(events)
-        rounds: list[tuple[Any, ...]] = []
-        result = await self.whole(events, rounds)
-        if isinstance(result, web.Response):
-            return result
-        if result.passthrough:
-            return web.Response(body=result.last.raw, content_type="application/json")
-        shown = whole_output(rounds, visible_blocks, {call.id for call in result.tool_calls})
-        return web.Response(body=dumps(final_message(result, shown)), content_type="application/json")
+        return await self.whole(events, lambda result, relayed: final_message(result, whole_output(
+            relayed, visible_blocks, {call.id for call in result.tool_calls})))
 
 
 def count_tokens_body(body: dict[str, Any], declared: list[dict[str, Any]]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from toolkeeper.engine import Round, ToolCall
+from toolkeeper.wire.apis.relay import shown_entries
 
 BLOCKS = "_blocks"  # a neutral message's original content blocks
 MESSAGE = "_message"  # a neutral message's original message, when it maps whole
@@ -107,21 +108,9 @@ def round_from_message(message: dict[str, Any], raw: bytes | None = None) -> Rou
 
 def visible_blocks(blocks: list[dict[str, Any]], hidden: set[str], allowed: set[str] | None = None,
                    ) -> list[dict[str, Any]]:
-    """All but the declared calls (and, given `allowed`, the agent's calls the rules did not let through), and
-    the thinking that led to one (it travels with the block it precedes)."""
-    shown: list[dict[str, Any]] = []
-    pending: list[dict[str, Any]] = []
-    for block in blocks:
-        if block.get("type") in THINKING:
-            pending.append(block)
-            continue
-        call = block.get("type") == "tool_use"
-        refused = allowed is not None and str(block.get("id") or "") not in allowed
-        if not (call and (block.get("name") in hidden or refused)):
-            shown.extend(pending)
-            shown.append(block)
-        pending = []
-    return shown
+    """The blocks the agent may see (`relay.shown_entries`): thinking travels with the block it precedes."""
+    return shown_entries(blocks, hidden, allowed, held=THINKING, calls=("tool_use",),
+                         id_of=lambda block: str(block.get("id") or ""))
 
 
 def anthropic_tool(entry: dict[str, Any]) -> dict[str, Any]:
@@ -145,10 +134,8 @@ def neutral_tool_choice(choice: Any) -> Any:
     return "auto"
 
 
-def check_request(body: Any) -> str | None:
+def check_request(body: dict[str, Any]) -> str | None:
     """What is wrong with a Messages request, in the words a 400 gives; None when it can be served."""
-    if not isinstance(body, dict):
-        return "the request body must be a JSON object"
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return "messages: must be a non-empty list"

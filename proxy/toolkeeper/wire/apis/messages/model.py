@@ -19,20 +19,15 @@ from toolkeeper.wire.apis.messages.items import (
     visible_blocks,
 )
 from toolkeeper.wire.apis.messages.reader import MessagesReader
-from toolkeeper.wire.apis.relay import RelayingModel
+from toolkeeper.wire.apis.relay import Relayed, RelayingModel
 from toolkeeper.wire.errors import ANTHROPIC
 
 ENGINE_KEYS = ("tools", "tool_choice")
 
 
 class MessagesModel(RelayingModel):
-    path = "/messages"
-    errors = ANTHROPIC
-    key_header = "x-api-key"
-    whole_list = ("content", "a message")
-    items_key = BLOCKS
-    reader = MessagesReader
-    items = staticmethod(visible_blocks)
+    api = Relayed("/messages", "a message", "content", BLOCKS, MessagesReader, visible_blocks, ANTHROPIC,
+                  key_header="x-api-key")
 
     def request(self, neutral: dict[str, Any], previous: Round | None) -> dict[str, Any]:
         out = {k: v for k, v in self.body.items() if k not in ENGINE_KEYS}

@@ -28,16 +28,11 @@ DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "signature_d
 class MessagesReader(HoldingReader):
     def __init__(self, hidden: frozenset[str], previous: Round | None):
         super().__init__(hidden, previous)
-        self.message: dict[str, Any] | None = None  # from message_start
         self.stop: dict[str, Any] = {}  # message_delta's delta (stop_reason, stop_sequence)
         self.usage: dict[str, Any] = {}
         self.stopped = False
         self.blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}  # tool_use input, in pieces
-
-    @property
-    def started(self) -> dict[str, Any] | None:
-        return self.message
 
     def text_of(self, event: dict[str, Any]) -> str | None:
         delta = event.get("delta") if event["type"] == "content_block_delta" else None
@@ -47,8 +42,8 @@ class MessagesReader(HoldingReader):
     def read(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if kind == "message_start":
-            self.message = event_object(event, "message")
-            self.usage = dict(self.message.get("usage") or {})
+            self.started = event_object(event, "message")
+            self.usage = dict(self.started.get("usage") or {})
             return
         if kind == "message_delta":
             self.stop.update(event.get("delta") or {})
@@ -103,11 +98,11 @@ class MessagesReader(HoldingReader):
                 raise MalformedResponse(f"a tool_use input that is not JSON ({exc})") from exc
 
     def finish(self) -> Round:
-        if self.message is None or not self.stopped:
+        if self.started is None or not self.stopped:
             raise MalformedResponse("the stream ended before message_stop")
-        message = {**self.message, **self.stop, "usage": self.usage,
+        message = {**self.started, **self.stop, "usage": self.usage,
                    "content": [self.blocks[i] for i in sorted(self.blocks)]}
         found = round_from_message(message)
-        found.head = round_head(found.head, self.message, self.previous)
+        found.head = round_head(found.head, self.started, self.previous)
         return self.settled(found)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from toolkeeper.common import digest, dumps
+from toolkeeper.common import digest
 from toolkeeper.engine import TurnResult
 from toolkeeper.store import Store, StoreError
 from toolkeeper.wire.apis.base import AgentAPI
@@ -52,10 +52,9 @@ class ResponsesAPI(AgentAPI):
         super().__init__(*args, **kwargs)
         self.store = store
 
+    check = staticmethod(check_request)
+
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
-        problem = check_request(body)
-        if problem:
-            return self.refuse(problem)
         context = self.context(request, raw)
         try:
             body = await self._follow_link(context.tenant, body)
@@ -77,16 +76,9 @@ class ResponsesAPI(AgentAPI):
 
         if body.get("stream"):
             return await ResponsesWriter(request, body, self.keepalive, keep).relay(events)
-        rounds: list[tuple[Any, ...]] = []
-        result = await self.whole(events, rounds)
-        if isinstance(result, web.Response):
-            return result
-        if result.passthrough:  # no declared tool offered, one round: the server's bytes as they are
-            return web.Response(body=result.last.raw, content_type="application/json")
-        output = whole_output(rounds, visible_items, {call.id for call in result.tool_calls})
-        final = final_response(body, result, output + ([said_item(result.said)] if result.said else []))
-        await keep(result, final)
-        return web.Response(body=dumps(final), content_type="application/json")
+        return await self.whole(events, lambda result, relayed: final_response(body, result, [
+            *whole_output(relayed, visible_items, {call.id for call in result.tool_calls}),
+            *([said_item(result.said)] if result.said else [])]), keep)
 
     # -- previous_response_id across hidden rounds ------------------------------------
 

@@ -22,6 +22,8 @@ import secrets
 from typing import Any
 
 from toolkeeper.engine import Round, ToolCall
+from toolkeeper.wire.apis.base import Field, field_problem, first_problem
+from toolkeeper.wire.apis.relay import shown_entries
 
 ITEMS = "_items"  # the original items of a neutral message
 CALL_ITEM = "_item"  # the original item of a call
@@ -119,20 +121,8 @@ def round_from_response(response: dict[str, Any], raw: bytes | None = None) -> R
 
 def visible_items(items: list[dict[str, Any]], hidden: set[str], allowed: set[str] | None = None,
                   ) -> list[dict[str, Any]]:
-    """The items the agent may see: all but the declared calls (and, given `allowed`, the agent's calls the
-    rules did not let through), and the reasoning that led to one (it travels with the item it precedes)."""
-    shown: list[dict[str, Any]] = []
-    pending: list[dict[str, Any]] = []
-    for item in items:
-        if item.get("type") == "reasoning":
-            pending.append(item)
-            continue
-        call = item.get("type") in CALL_TYPES
-        if not (call and (item.get("name") in hidden or (allowed is not None and call_id_of(item) not in allowed))):
-            shown.extend(pending)
-            shown.append(item)
-        pending = []
-    return shown
+    """The items the agent may see (`relay.shown_entries`): a reasoning item travels with the item it precedes."""
+    return shown_entries(items, hidden, allowed, held=("reasoning",), calls=CALL_TYPES, id_of=call_id_of)
 
 
 def said_item(text: str) -> dict[str, Any]:
@@ -149,39 +139,34 @@ def flat_tool(entry: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-def check_request(body: Any) -> str | None:
+def check_request(body: dict[str, Any]) -> str | None:
     """What is wrong with a Responses request, in the words a 400 gives; None when it can be served."""
-    if not isinstance(body, dict):
-        return "the request body must be a JSON object"
     value = body.get("input")
     if not isinstance(value, (str, list)):
         return "'input' must be a string or a list of items"
-    for position, item in enumerate(value if isinstance(value, list) else []):
-        problem = _check_item(item)
-        if problem:
-            return f"input[{position}]: {problem}"
     tools = body.get("tools")
     if tools is not None and (not isinstance(tools, list) or any(not isinstance(t, dict) or
                                                                   not isinstance(t.get("type"), str) for t in tools)):
         return "'tools' must be a list of tool objects, each with a 'type'"
-    for position, tool in enumerate(tools or []):
-        if tool.get("type") == "function" and not isinstance(tool.get("name"), str):
-            return f"tools[{position}]: a function tool needs a 'name' string"
-    choice = body.get("tool_choice")
-    if choice is not None and not isinstance(choice, (str, dict)):
-        return "'tool_choice' must be a string or an object"
-    for key in ("stream", "store", "parallel_tool_calls"):
-        if key in body and body[key] is not None and not isinstance(body[key], bool):
-            return f"'{key}' must be true or false"
-    for key in ("previous_response_id", "instructions", "model"):
-        if body.get(key) is not None and not isinstance(body[key], str):
-            return f"'{key}' must be a string"
+    return (first_problem(value if isinstance(value, list) else [], _check_item, "input", "item")
+            or first_problem(tools or [], _function_tool_problem, "tools", "tool")
+            or field_problem(body, REQUEST_FIELDS))
+
+
+REQUEST_FIELDS: tuple[Field, ...] = (
+    ("tool_choice", (str, dict), "'tool_choice' must be a string or an object"),
+    *((key, (bool,), f"'{key}' must be true or false") for key in ("stream", "store", "parallel_tool_calls")),
+    *((key, (str,), f"'{key}' must be a string") for key in ("previous_response_id", "instructions", "model")),
+)
+
+
+def _function_tool_problem(tool: dict[str, Any]) -> str | None:
+    if tool.get("type") == "function" and not isinstance(tool.get("name"), str):
+        return "a function tool needs a 'name' string"
     return None
 
 
-def _check_item(item: Any) -> str | None:
-    if not isinstance(item, dict):
-        return "each item must be an object"
+def _check_item(item: dict[str, Any]) -> str | None:
     kind = item.get("type", "message")
     if not isinstance(kind, str):
         return "an item's 'type' must be a string"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolkeeper.engine import Round
-from toolkeeper.wire.apis.relay import RelayingModel
+from toolkeeper.wire.apis.relay import Relayed, RelayingModel
 from toolkeeper.wire.apis.responses.items import (
     ITEMS,
     flat_tool,
@@ -29,11 +29,7 @@ CHAIN_KEYS = ("previous_response_id", "conversation")
 
 
 class ResponsesModel(RelayingModel):
-    path = "/responses"
-    whole_list = ("output", "a response")
-    items_key = ITEMS
-    reader = ResponsesReader
-    items = staticmethod(visible_items)
+    api = Relayed("/responses", "a response", "output", ITEMS, ResponsesReader, visible_items)
 
     def request(self, neutral: dict[str, Any], previous: Round | None) -> dict[str, Any]:
         out = {k: v for k, v in self.body.items() if k not in (*ENGINE_KEYS, *CHAIN_KEYS, "input")}

@@ -25,13 +25,8 @@ LIFECYCLE = ("response.created", "response.in_progress", "response.queued")
 class ResponsesReader(HoldingReader):
     def __init__(self, hidden: frozenset[str], previous: Round | None):
         super().__init__(hidden, previous)
-        self.response: dict[str, Any] | None = None  # from response.created
         self.final: dict[str, Any] | None = None  # from the terminal event
         self._done: dict[int, dict[str, Any]] = {}  # finished items, by output_index
-
-    @property
-    def started(self) -> dict[str, Any] | None:
-        return self.response
 
     def text_of(self, event: dict[str, Any]) -> str | None:
         delta = event.get("delta")
@@ -42,7 +37,7 @@ class ResponsesReader(HoldingReader):
         if not isinstance(kind, str):
             raise MalformedResponse("a stream event without a 'type'")
         if kind in LIFECYCLE:
-            self.response = self.response or event_object(event, "response")
+            self.started = self.started or event_object(event, "response")
             return
         if kind in TERMINAL:
             self.final = event_object(event, "response")
@@ -76,9 +71,9 @@ class ResponsesReader(HoldingReader):
         elif _calls(final["output"]) != _calls(streamed):
             # the rules read the final output, the agent gets the streamed items: they must be the same calls
             raise MalformedResponse("the final response's tool calls differ from the streamed ones")
-        final.setdefault("id", (self.response or {}).get("id"))
+        final.setdefault("id", (self.started or {}).get("id"))
         found = round_from_response(final)
-        found.head = round_head(found.head, self.response, self.previous)
+        found.head = round_head(found.head, self.started, self.previous)
         return self.settled(found)
 
 

@@ -13,19 +13,16 @@ same response object, at once.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from toolkeeper.engine import TurnResult
+from toolkeeper.wire.apis.base import Keep
 from toolkeeper.wire.apis.relay import FIRST, RelayWriter
 from toolkeeper.wire.apis.responses.items import said_item
 from toolkeeper.wire.errors import UpstreamError
-
-# What the adapter keeps of a finished turn (the ids the agent got), before the agent can send its next request.
-Keep = Callable[[TurnResult, dict[str, Any]], Awaitable[None]]
 
 
 def shown(response: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
