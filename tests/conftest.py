@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = Path(__file__).resolve().parent / "tools"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 120,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`toolkeeper ARGS...` as a user runs it: its exit status, stdout and stderr."""
+    return subprocess.run([sys.executable, "-m", "toolkeeper", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})})
+
+
+def audit_cli(trail: str | Path, *args: str) -> subprocess.CompletedProcess:
+    """`toolkeeper audit COMMAND ...` on a trail named by $TOOLKEEPER_AUDIT, as an auditor would set it."""
+    return run_cli("audit", *args, timeout=60, env={"TOOLKEEPER_AUDIT": str(trail)})
 
 
 class Process:
@@ -117,14 +136,26 @@ def write_agent(directory: Path, body: str, **values: str) -> Path:
     return path
 
 
-# A declared tool that records its argv: the entry several suites' agent files share.
-LOOKUP = """
-      - name: lookup
-        description: Look a word up.
+def recording_tool(name: str, parameter: str, description: str, parameter_description: str) -> str:
+    """An agent file's entry for a declared tool that records its argv (tools/record.py): the entries several
+    suites' agent files share."""
+    return f"""
+      - name: {name}
+        description: {description}
         parameters:
-          word: {type: string, description: "The word."}
-        command: ["{python}", "{tools}/record.py", "lookup", "{{word}}"]
-        env: {OUT: "{out}"}
+          {parameter}: {{type: string, description: "{parameter_description}"}}
+        command: ["{{python}}", "{{tools}}/record.py", "{name}", "{{{{{parameter}}}}}"]
+        env: {{OUT: "{{out}}"}}
+"""
+
+
+LOOKUP = recording_tool("lookup", "word", "Look a word up.", "The word.")
+RELEASE = recording_tool("release", "version", "Publish a release.", "The version.")
+# The head of an agent file whose gated tools ask (yolo: false); the tools follow.
+GATED = """
+    upstream: http://127.0.0.1:9/v1
+    yolo: false
+    tools:
 """
 
 # One agent file with a tool for each behaviour the suites exercise.

@@ -11,26 +11,10 @@ import time
 import urllib.request
 
 import pytest
-from conftest import ROOT, Toolkeeper, call, start_toolkeeper, write_agent
+from conftest import GATED, RELEASE, ROOT, Toolkeeper, call, recording_tool, start_toolkeeper, write_agent
 
 TOKEN = "test-admin-token-7f3a"
-AGENT = """
-    upstream: http://127.0.0.1:9/v1
-    yolo: false
-    tools:
-      - name: release
-        description: Publish a release.
-        parameters:
-          version: {type: string, description: "The version."}
-        command: ["{python}", "{tools}/record.py", "release", "{{version}}"]
-        env: {OUT: "{out}"}
-      - name: publish
-        description: Publish a page.
-        parameters:
-          page: {type: string, description: "The page."}
-        command: ["{python}", "{tools}/record.py", "publish", "{{page}}"]
-        env: {OUT: "{out}"}
-"""
+AGENT = GATED + RELEASE + recording_tool("publish", "page", "Publish a page.", "The page.")
 
 
 def cli(tk: Toolkeeper, *args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:

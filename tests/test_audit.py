@@ -6,7 +6,6 @@ import contextlib
 import csv
 import io
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import openai
 import orjson
 import pytest
-from conftest import LOOKUP, ROOT, call, fresh, postgres_schema, serving, user, write_agent
+from conftest import LOOKUP, ROOT, audit_cli, call, fresh, postgres_schema, serving, user, write_agent
 
 from toolkeeper.audit import ExecutionRecord, open_audit
 
@@ -95,12 +94,6 @@ def tku(tk_audit_server):
     yield from fresh(tk_audit_server)
 
 
-def audit_cli(audit_dir, *args: str) -> subprocess.CompletedProcess:
-    """`toolkeeper audit COMMAND ...`, the trail named by $TOOLKEEPER_AUDIT as an auditor would set it."""
-    return subprocess.run([sys.executable, "-m", "toolkeeper", "audit", *args], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT, env={**os.environ, "TOOLKEEPER_AUDIT": location(audit_dir)})
-
-
 @contextlib.contextmanager
 def audit_locked(audit_dir):
     """Another writer holds the audit database."""
@@ -142,7 +135,7 @@ def run_call(scripted, tk, name: str, arguments: dict) -> None:
 
 
 def last_record(audit_dir, tool: str) -> dict:
-    exported = audit_cli(audit_dir, "export", "--tool", tool).stdout
+    exported = audit_cli(location(audit_dir), "export", "--tool", tool).stdout
     return json.loads(exported.strip().splitlines()[-1])
 
 
@@ -203,20 +196,20 @@ def test_a_secret_argument_never_reaches_the_record(scripted, tku, audit_dir):
 def test_list_show_and_filters(scripted, tku, audit_dir):
     run_call(scripted, tku, "lookup", {"word": "/etc/shadow"})  # denied by the default policy
     run_call(scripted, tku, "lookup", {"word": "listed"})
-    listing = audit_cli(audit_dir, "list", "--since", "1h", "--tool", "lookup")
+    listing = audit_cli(location(audit_dir), "list", "--since", "1h", "--tool", "lookup")
     assert listing.returncode == 0
     record_id = listing.stdout.strip().splitlines()[-2].split()[0]
     assert "lookup" in listing.stdout and " ok " in listing.stdout
-    assert audit_cli(audit_dir, "list", "--status", "denied").stdout.count("credentials-never") >= 1
-    shown = json.loads(audit_cli(audit_dir, "show", record_id).stdout)
+    assert audit_cli(location(audit_dir), "list", "--status", "denied").stdout.count("credentials-never") >= 1
+    shown = json.loads(audit_cli(location(audit_dir), "show", record_id).stdout)
     assert shown["record_id"] == record_id and shown["argv"][-1] == "listed"
-    assert audit_cli(audit_dir, "show", "nope").returncode == 1
+    assert audit_cli(location(audit_dir), "show", "nope").returncode == 1
 
 
 def test_export_round_trips(scripted, tku, audit_dir):
     run_call(scripted, tku, "lookup", {"word": "exported"})
-    lines = [json.loads(line) for line in audit_cli(audit_dir, "export").stdout.splitlines()]
-    rows = list(csv.DictReader(io.StringIO(audit_cli(audit_dir, "export", "--format", "csv").stdout)))
+    lines = [json.loads(line) for line in audit_cli(location(audit_dir), "export").stdout.splitlines()]
+    rows = list(csv.DictReader(io.StringIO(audit_cli(location(audit_dir), "export", "--format", "csv").stdout)))
     assert len(rows) == len(lines) > 0
     for row, record in zip(rows, lines, strict=True):
         assert row["record_id"] == record["record_id"] and row["status"] == record["status"]
@@ -432,7 +425,7 @@ def test_a_call_whose_agent_left_is_closed_as_cancelled(scripted, tku, audit_dir
         tku.client(timeout=1.5).chat.completions.create(model="m", messages=user())
 
     def closed() -> bool:
-        lines = audit_cli(audit_dir, "export", "--tool", "slow").stdout.splitlines()
+        lines = audit_cli(location(audit_dir), "export", "--tool", "slow").stdout.splitlines()
         return bool(lines) and json.loads(lines[-1])["status"] == "cancelled"
 
     deadline = time.monotonic() + 10

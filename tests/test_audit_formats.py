@@ -14,7 +14,7 @@ from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import LOOKUP, ROOT, Toolkeeper, call, start_toolkeeper, user, write_agent
+from conftest import LOOKUP, ROOT, Toolkeeper, audit_cli, call, start_toolkeeper, user, write_agent
 
 from toolkeeper.audit import ExecutionRecord, open_audit
 
@@ -43,11 +43,6 @@ def trail(tmp_path):
         ids.append(record.record_id)
     audit.close()
     return path, ids
-
-
-def audit_cli(path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolkeeper", "audit", *args, "--db", str(path)],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
 @pytest.mark.parametrize(("filters", "tools"), [

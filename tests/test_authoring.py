@@ -6,21 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import textwrap
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Process, Toolkeeper, start_toolkeeper, write_agent
+from conftest import ROOT, Process, Toolkeeper, run_cli, start_toolkeeper, write_agent
 
 EXAMPLE = ROOT / "declared" / "example"
-
-
-def toolkeeper(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolkeeper", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
 
 
 def test_every_option_of_every_command_has_help_and_there_is_a_version():
@@ -42,7 +36,7 @@ def test_every_option_of_every_command_has_help_and_there_is_a_version():
 
     walk(parser, [])
     assert not silent
-    done = toolkeeper("--version")
+    done = run_cli("--version")
     assert done.returncode == 0 and done.stdout.startswith("toolkeeper 0.")
 
 
@@ -107,7 +101,7 @@ def bad_agent(tmp_path: Path) -> Path:
 
 def test_check_finds_every_code_once_at_least_with_the_tool_the_key_the_why_and_the_fix(tmp_path):
     agent = bad_agent(tmp_path)
-    done = toolkeeper("check", str(agent), "--policy", str(tmp_path / "rules.yaml"), "--format", "json")
+    done = run_cli("check", str(agent), "--policy", str(tmp_path / "rules.yaml"), "--format", "json")
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)
     assert {finding["code"] for finding in report["findings"]} == CODES
@@ -117,7 +111,7 @@ def test_check_finds_every_code_once_at_least_with_the_tool_the_key_the_why_and_
     assert {"code": "P003", "tool": "service_status", "key": "parameters.service"}.items() <= next(
         f for f in report["findings"] if f["code"] == "P003" and f["tool"] == "service_status").items()
     assert by_code["C002"]["severity"] == "error" and by_code["N001"]["tool"] == "do_stuff"
-    text = toolkeeper("check", str(agent)).stdout
+    text = run_cli("check", str(agent)).stdout
     assert f"{agent}: error N001 tool 'do_stuff' key 'name': " in text and text.rstrip().endswith("warnings")
 
 
@@ -133,19 +127,19 @@ WARNED = """
 
 
 def test_check_is_silent_on_the_example_and_strict_fails_on_warnings(tmp_path):
-    done = toolkeeper("check", str(EXAMPLE / "agent.yaml"), "--policy", str(ROOT / "policies" / "default.yaml"))
+    done = run_cli("check", str(EXAMPLE / "agent.yaml"), "--policy", str(ROOT / "policies" / "default.yaml"))
     assert done.returncode == 0 and "0 errors, 0 warnings" in done.stdout, done.stdout
     write_agent(tmp_path, WARNED)
-    assert toolkeeper("check", str(tmp_path / "agent.yaml")).returncode == 0  # warnings only
-    assert toolkeeper("check", str(tmp_path / "agent.yaml"), "--strict").returncode == 1
+    assert run_cli("check", str(tmp_path / "agent.yaml")).returncode == 0  # warnings only
+    assert run_cli("check", str(tmp_path / "agent.yaml"), "--strict").returncode == 1
 
 
 def test_check_and_schema_need_no_secret(tmp_path):
     """A lint in CI has no upstream key: the variable `api_key_env` names need not be set to read the file."""
     write_agent(tmp_path, WARNED.replace("upstream: http://127.0.0.1:9/v1",
                                          "upstream: http://127.0.0.1:9/v1\n    api_key_env: TK_UNSET_KEY_FOR_TEST"))
-    assert "E000" not in toolkeeper("check", str(tmp_path / "agent.yaml")).stdout
-    assert toolkeeper("schema", str(tmp_path / "agent.yaml")).returncode == 0
+    assert "E000" not in run_cli("check", str(tmp_path / "agent.yaml")).stdout
+    assert run_cli("schema", str(tmp_path / "agent.yaml")).returncode == 0
 
 
 @pytest.mark.parametrize(("text", "said"), [
@@ -156,7 +150,7 @@ def test_check_and_schema_need_no_secret(tmp_path):
 ])
 def test_check_reports_a_file_that_does_not_load(tmp_path, text, said):
     (tmp_path / "agent.yaml").write_text(text)
-    done = toolkeeper("check", str(tmp_path / "agent.yaml"), "--format", "json")
+    done = run_cli("check", str(tmp_path / "agent.yaml"), "--format", "json")
     assert done.returncode == 1
     (finding,) = json.loads(done.stdout)["findings"]
     assert finding["code"] == "E000" and said in finding["why"]
@@ -164,7 +158,7 @@ def test_check_reports_a_file_that_does_not_load(tmp_path, text, said):
 
 def test_serve_refuses_the_errors_and_logs_the_warnings_once(scripted, tmp_path):
     agent = bad_agent(tmp_path)
-    done = toolkeeper("serve", str(agent), "--port", "0", "--upstream", scripted.base_url)
+    done = run_cli("serve", str(agent), "--port", "0", "--upstream", scripted.base_url)
     assert done.returncode == 2 and "error N001 tool 'do_stuff'" in done.stderr and "toolkeeper check" in done.stderr
     write_agent(tmp_path, WARNED)
     process = start_toolkeeper(tmp_path / "agent.yaml", scripted.base_url)
@@ -199,7 +193,7 @@ REQUESTS = {
 @pytest.mark.parametrize("api", ["chat", "responses", "messages"])
 def test_schema_is_exactly_what_the_model_receives(scripted, tmp_path, api):
     write_agent(tmp_path, SCHEMA_AGENT)
-    printed = toolkeeper("schema", str(tmp_path / "agent.yaml"), "--api", api)
+    printed = run_cli("schema", str(tmp_path / "agent.yaml"), "--api", api)
     assert printed.returncode == 0, printed.stderr
     process = start_toolkeeper(tmp_path / "agent.yaml", scripted.base_url)
     try:
@@ -220,8 +214,8 @@ def test_schema_is_exactly_what_the_model_receives(scripted, tmp_path, api):
 
 def test_schema_style_overrides_the_files_own(tmp_path):
     write_agent(tmp_path, SCHEMA_AGENT)
-    plain = json.loads(toolkeeper("schema", str(tmp_path / "agent.yaml")).stdout)
-    standard = json.loads(toolkeeper("schema", str(tmp_path / "agent.yaml"), "--style", "standard").stdout)
+    plain = json.loads(run_cli("schema", str(tmp_path / "agent.yaml")).stdout)
+    standard = json.loads(run_cli("schema", str(tmp_path / "agent.yaml"), "--style", "standard").stdout)
     assert plain != standard
     assert standard[0]["function"]["parameters"]["properties"]["version"].get("pattern")
 
@@ -253,7 +247,7 @@ def test_eval_on_the_scripted_model_gives_the_table_and_the_json(tmp_path):
     (tmp_path / "script.yaml").write_text(textwrap.dedent(EVAL_SCRIPT))
     server = model(tmp_path / "script.yaml")
     try:
-        done = toolkeeper("eval", str(EXAMPLE / "eval.yaml"), "--base-url", server.url, "--model", "scripted",
+        done = run_cli("eval", str(EXAMPLE / "eval.yaml"), "--base-url", server.url, "--model", "scripted",
                           "--runs", "2", "--json", str(tmp_path / "report.json"), cwd=tmp_path, timeout=300)
     finally:
         server.stop()
@@ -273,12 +267,12 @@ def test_eval_against_a_model_that_fails_every_call_gives_zero_and_an_unreachabl
     (tmp_path / "script.yaml").write_text(json.dumps([{"repeat": True, "content": "no tools today"}]))
     server = model(tmp_path / "script.yaml")
     try:
-        done = toolkeeper("eval", str(EXAMPLE / "eval.yaml"), "--base-url", server.url, "--model", "m", "--runs",
+        done = run_cli("eval", str(EXAMPLE / "eval.yaml"), "--base-url", server.url, "--model", "m", "--runs",
                           "1", "--mode", "declared", "--json", str(tmp_path / "r.json"), timeout=300)
     finally:
         server.stop()
     assert done.returncode == 0 and "0/6" in done.stdout.splitlines()[-3]
-    done = toolkeeper("eval", str(EXAMPLE / "eval.yaml"), "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
+    done = run_cli("eval", str(EXAMPLE / "eval.yaml"), "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
                       "--json", str(tmp_path / "r2.json"))
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "the eval stopped" in done.stderr and "release-en" in done.stdout  # the partial table
@@ -296,7 +290,7 @@ def test_a_broken_cases_file_is_refused_with_the_file_the_case_and_the_key(tmp_p
     cases = EXAMPLE / f"broken-{tmp_path.name}.yaml"
     cases.write_text(f"agent: agent.yaml\ncases:\n  - {case}\n")
     try:
-        done = toolkeeper("eval", str(cases), "--base-url", "http://127.0.0.1:9/v1", "--model", "m")
+        done = run_cli("eval", str(cases), "--base-url", "http://127.0.0.1:9/v1", "--model", "m")
     finally:
         cases.unlink()
     assert done.returncode == 2 and f"{cases}: {said}" in done.stderr, done.stderr
@@ -319,7 +313,7 @@ def test_the_scripted_model_answers_a_steps_content_in_every_api(tmp_path, api):
 
 def test_the_scripted_model_refuses_a_script_that_is_not_a_list_of_steps(tmp_path):
     (tmp_path / "script.yaml").write_text("content: not a list\n")
-    done = toolkeeper("model", "--script", str(tmp_path / "script.yaml"))
+    done = run_cli("model", "--script", str(tmp_path / "script.yaml"))
     assert done.returncode == 2 and "a script is a list of steps" in done.stderr
 
 

@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import LOOKUP, ROOT, call, write_agent
+from conftest import LOOKUP, ROOT, call, free_port, write_agent
 
 os.environ.setdefault("TOOLKEEPER_MITMPROXY_ENV", str(ROOT / ".mitmproxy-env"))  # scripts/test makes it
 NPM = ROOT / ".npm"
@@ -41,12 +41,6 @@ AGENT = """
         command: ["{python}", "{tools}/record.py", "slow_lookup", "{{word}}"]
         env: {OUT: "{out}", SLEEP: "1.5"}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Intercept:

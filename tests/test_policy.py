@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from datetime import UTC, datetime
 
 import pytest
-from conftest import ROOT, call, fresh, serving, start_toolkeeper, user, write_agent
+from conftest import ROOT, call, fresh, run_cli, serving, start_toolkeeper, user, write_agent
 
 from toolkeeper.policy import Policy, RulesError, load_rules, policy_input
 
@@ -202,13 +200,8 @@ def test_the_default_policy_applies_when_serve_is_given_none(scripted, tk):
 
 # -- the command line ------------------------------------------------------------------
 
-def toolkeeper(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolkeeper", *args], capture_output=True, text=True, timeout=60,
-                          cwd=cwd)
-
-
 def test_policy_test_runs_the_shipped_scenarios():
-    run = toolkeeper("policy", "test", "policies/default_scenarios.yaml")
+    run = run_cli("policy", "test", "policies/default_scenarios.yaml")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASS [rules default.yaml] release notes naming an SSH key are denied, even in yolo: deny (rule credentials-never" in run.stdout
     assert "scenarios: 6 passed, 0 failed" in run.stdout
@@ -222,13 +215,13 @@ scenarios:
     call: {{tool: read_note, arguments: {{name: .env}}}}
     expect: allow
 """)
-    run = toolkeeper("policy", "test", str(tmp_path / "scenarios.yaml"))
+    run = run_cli("policy", "test", str(tmp_path / "scenarios.yaml"))
     assert run.returncode == 1
     assert "FAIL [rules default.yaml] wrongly expected to run: expected allow, got deny (rule credentials-never" in run.stdout
 
 
 def test_policy_explain_names_the_rule(tmp_path):
-    run = toolkeeper("policy", "explain", "declared/example/agent.yaml", "read_note", "name=.env")
+    run = run_cli("policy", "explain", "declared/example/agent.yaml", "read_note", "name=.env")
     assert run.returncode == 0, run.stderr
     assert "MATCH credentials-never: deny" in run.stdout
     assert '"argv": [\n    "notes",\n    "read",\n    ".env"\n  ]' in run.stdout
@@ -238,7 +231,7 @@ def test_policy_explain_names_the_rule(tmp_path):
 def test_serve_refuses_broken_rules(tmp_path):
     (tmp_path / "rules.yaml").write_text("rules: [{id: oops, effect: deny}]")
     agent = write_agent(tmp_path, "tools: []\n")
-    run = toolkeeper("serve", str(agent), "--port", "0", "--policy", str(tmp_path / "rules.yaml"))
+    run = run_cli("serve", str(agent), "--port", "0", "--policy", str(tmp_path / "rules.yaml"))
     assert run.returncode == 2
     assert "rule 'oops': a deny rule needs a reason" in run.stderr
 
@@ -268,7 +261,7 @@ scenarios:
     call: {{tool: release, arguments: {{version: 1.0.0, channel: beta}}}}
     expect: ask
 """)
-    run = toolkeeper("policy", "test", str(tmp_path / "scenarios.yaml"))
+    run = run_cli("policy", "test", str(tmp_path / "scenarios.yaml"))
     assert "WARN" in run.stdout and "rule 'guard-deploys' names tool deploy_prod" in run.stdout
     assert "rule 'guard-channels' tests argument 'chanel'" in run.stdout
     process = start_toolkeeper(ROOT / "declared/example/agent.yaml", scripted.base_url, "--policy",
@@ -295,7 +288,7 @@ scenarios:
     expect: deny
     expected: allow
 """)
-    run = toolkeeper("policy", "test", str(tmp_path / "scenarios.yaml"))
+    run = run_cli("policy", "test", str(tmp_path / "scenarios.yaml"))
     assert run.returncode == 2
     errors = [line for line in run.stdout.splitlines() if line.startswith("toolkeeper:")]
     assert errors == [f"toolkeeper: {tmp_path / 'scenarios.yaml'}: scenario 'typo': key 'expected': unknown key"]

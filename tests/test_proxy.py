@@ -9,7 +9,7 @@ import sys
 
 import openai
 import pytest
-from conftest import call, start_toolkeeper, user, write_agent
+from conftest import GATED, LOOKUP, RELEASE, call, start_toolkeeper, user, write_agent
 from test_failures import raw_post
 
 
@@ -92,24 +92,7 @@ def test_forced_declared_call_is_followed_by_auto(scripted, tk):
 def gated(scripted, tmp_path_factory):
     """A toolkeeper with yolo: false and no terminal: every ask is a deny."""
     directory = tmp_path_factory.mktemp("gated")
-    path = write_agent(directory, """
-        upstream: http://127.0.0.1:9/v1
-        yolo: false
-        tools:
-          - name: release
-            description: Publish a release.
-            parameters:
-              version: {type: string, description: "The version."}
-            command: ["{python}", "{tools}/record.py", "release", "{{version}}"]
-            env: {OUT: "{out}"}
-          - name: lookup
-            description: Look a word up.
-            parameters:
-              word: {type: string, description: "The word."}
-            command: ["{python}", "{tools}/record.py", "lookup", "{{word}}"]
-            env: {OUT: "{out}"}
-            tier: silent
-    """)
+    path = write_agent(directory, GATED + RELEASE + LOOKUP + "        tier: silent\n")
     process = start_toolkeeper(path, scripted.base_url)
     yield process, directory
     process.stop()

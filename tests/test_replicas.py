@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from http.client import HTTPConnection, HTTPException
 from pathlib import Path
 
 import pytest
-from conftest import LOOKUP, ROOT, Process, call, postgres_schema, start_toolkeeper, write_agent
+from conftest import LOOKUP, ROOT, Process, call, free_port, postgres_schema, start_toolkeeper, write_agent
 
 TOKEN = "replica-admin-token-5c1e"
 AGENT = """
@@ -68,12 +67,6 @@ backend toolkeepers
     server a {a} check inter 200 fall 1 rise 2
     server b {b} check inter 200 fall 1 rise 2
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class LoadBalancer:

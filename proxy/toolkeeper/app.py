@@ -84,13 +84,13 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     metrics = Metrics()
     exporter = OtlpExporter(settings.otlp_endpoint) if settings.otlp_endpoint else None
     observers = [*observers, *([exporter] if exporter else [])]
-    calls = CallHandler(runners=runners_for({tool.spec.runner for tool in agent.tools.values()}), consent=consent,
+    handler = CallHandler(runners=runners_for({tool.spec.runner for tool in agent.tools.values()}), consent=consent,
                         policy=policy, store=stores.store, observers=[metrics.record, *observers],
                         audit=stores.audit, forwarded_ttl=settings.history_ttl, metrics=metrics)
     metrics.counted_elsewhere("toolkeeper_approvals_waiting", "Calls waiting for a person's answer now.",
-                              lambda: {(): float(calls.waiting)}, kind="gauge")
+                              lambda: {(): float(handler.waiting)}, kind="gauge")
     history = History(stores.store, settings.history_ttl)
-    engine = Engine(agent, calls, history=history, metrics=metrics)
+    engine = Engine(agent, handler, history=history, metrics=metrics)
     metrics.counted_elsewhere(
         "toolkeeper_history_restorations_total",
         "Assistant messages given back their hidden exchange (hit), or whose exchange was not found: "
@@ -124,7 +124,7 @@ class Reloader:
         self.settings = settings
 
     def describe(self) -> str:
-        return self.engine.calls.policy.describe()
+        return self.engine.handler.policy.describe()
 
     def __call__(self) -> bool:
         old = self.engine.agent
@@ -141,8 +141,8 @@ class Reloader:
         for key in ("upstream", "api_key_env", "agents"):
             if getattr(agent.config, key) != getattr(old.config, key):
                 log.warning("the agent file's %s changed: it takes effect at the next restart", key)
-        calls = self.engine.calls
-        calls.reload(policy=Policy(agent.config.yolo, rules, calls.policy.opa), runners=runners)
+        handler = self.engine.handler
+        handler.reload(policy=Policy(agent.config.yolo, rules, handler.policy.opa), runners=runners)
         self.engine.use(agent)
         log.info("reloaded: %d declared tools from %s @%s, %s", len(agent.tools), agent.path, agent.revision,
                  self.describe())

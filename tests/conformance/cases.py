@@ -33,7 +33,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 CREATED = 1764000000
 
 
-def _call(name: str, arguments: dict, call_id: str) -> dict:
+def scripted_call(name: str, arguments: dict, call_id: str) -> dict:
+    """One tool call as the scripted model's steps write it, whatever the API."""
     return {"name": name, "arguments": arguments, "id": call_id}
 
 
@@ -49,18 +50,18 @@ def scenarios(shape: str) -> dict[str, dict]:
             "then": {"role": "user", "content": "thanks"},
         },
         "declared-only": {
-            "steps": [step(1, content="Let me look. ", tool_calls=[_call("lookup", word, "call_l1")]),
+            "steps": [step(1, content="Let me look. ", tool_calls=[scripted_call("lookup", word, "call_l1")]),
                       step(2, content="It is a word.")],
             "then": {"role": "user", "content": "thanks"},
         },
         "mixed": {
             "steps": [step(1, content="Checking both. ", tool_calls=[
-                _call("lookup", word, "call_l1"), _call("get_weather", {"city": "Oslo"}, "call_w1")])],
+                scripted_call("lookup", word, "call_l1"), scripted_call("get_weather", {"city": "Oslo"}, "call_w1")])],
             "then": {"role": "tool", "tool_call_id": None, "content": "sunny, 21 C"},  # the agent's own result
         },
         "multi-round": {
-            "steps": [step(1, content="First. ", tool_calls=[_call("lookup", {"word": "a"}, "call_a1")]),
-                      step(2, content="Second. ", tool_calls=[_call("lookup", {"word": "b"}, "call_b1")]),
+            "steps": [step(1, content="First. ", tool_calls=[scripted_call("lookup", {"word": "a"}, "call_a1")]),
+                      step(2, content="Second. ", tool_calls=[scripted_call("lookup", {"word": "b"}, "call_b1")]),
                       step(3, content="Both done.")],
             "then": {"role": "user", "content": "thanks"},
         },

@@ -7,14 +7,11 @@ real anthropic client assembles, and the exact upstream messages of turn 2.
 
 from __future__ import annotations
 
-from cases import post_raw, sse_events
+from cases import post_raw, scripted_call, sse_events
 
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
-
-def _call(name: str, arguments: dict, call_id: str) -> dict:
-    return {"name": name, "arguments": arguments, "id": call_id}
 
 HEADERS = {"x-api-key": "sk-conformance", "anthropic-version": "2023-06-01"}
 
@@ -26,14 +23,14 @@ def scenarios() -> dict[str, dict]:
     word = {"word": "é\"q☃"}
     return {
         "plain": {"steps": [step(1, "p", content="A plain answer, with no tool.")], "then": "user"},
-        "declared-only": {"steps": [step(1, "d", content="Let me look. ", tool_calls=[_call("lookup", word, "toolu_l1")]),
+        "declared-only": {"steps": [step(1, "d", content="Let me look. ", tool_calls=[scripted_call("lookup", word, "toolu_l1")]),
                                     step(2, "d", content="It is a word.")], "then": "user"},
         "mixed": {"steps": [step(1, "m", content="Checking both. ", tool_calls=[
-            _call("lookup", word, "toolu_l1"), _call("get_weather", {"city": "Oslo"}, "toolu_w1")])], "then": "tool"},
-        "multi-round": {"steps": [step(1, "r", content="First. ", tool_calls=[_call("lookup", {"word": "a"}, "toolu_a1")]),
-                                  step(2, "r", content="Second. ", tool_calls=[_call("lookup", {"word": "b"}, "toolu_b1")]),
+            scripted_call("lookup", word, "toolu_l1"), scripted_call("get_weather", {"city": "Oslo"}, "toolu_w1")])], "then": "tool"},
+        "multi-round": {"steps": [step(1, "r", content="First. ", tool_calls=[scripted_call("lookup", {"word": "a"}, "toolu_a1")]),
+                                  step(2, "r", content="Second. ", tool_calls=[scripted_call("lookup", {"word": "b"}, "toolu_b1")]),
                                   step(3, "r", content="Both done.")], "then": "user"},
-        "thinking": {"steps": [step(1, "t", thinking="Look it up first.", tool_calls=[_call("lookup", word, "toolu_t1")]),
+        "thinking": {"steps": [step(1, "t", thinking="Look it up first.", tool_calls=[scripted_call("lookup", word, "toolu_t1")]),
                                step(2, "t", thinking="Now answer.", content="Found it.")], "then": "user"},
     }
 

@@ -8,16 +8,12 @@ history, `store: false`, as Codex does).
 
 from __future__ import annotations
 
-from cases import post_raw, sse_events
+from cases import post_raw, scripted_call, sse_events
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
            "strict": True}
 CREATED = 1764000000
-
-
-def _call(name: str, arguments: dict, call_id: str) -> dict:
-    return {"name": name, "arguments": arguments, "id": call_id}
 
 
 def scenarios() -> dict[str, dict]:
@@ -27,14 +23,14 @@ def scenarios() -> dict[str, dict]:
     word = {"word": "é\"q☃"}
     return {
         "plain": {"steps": [step(1, "p", content="A plain answer, with no tool.")], "then": "user"},
-        "declared-only": {"steps": [step(1, "d", content="Let me look. ", tool_calls=[_call("lookup", word, "call_l1")]),
+        "declared-only": {"steps": [step(1, "d", content="Let me look. ", tool_calls=[scripted_call("lookup", word, "call_l1")]),
                                     step(2, "d", content="It is a word.")], "then": "user"},
         "mixed": {"steps": [step(1, "m", content="Checking both. ", tool_calls=[
-            _call("lookup", word, "call_l1"), _call("get_weather", {"city": "Oslo"}, "call_w1")])], "then": "tool"},
-        "multi-round": {"steps": [step(1, "r", content="First. ", tool_calls=[_call("lookup", {"word": "a"}, "call_a1")]),
-                                  step(2, "r", content="Second. ", tool_calls=[_call("lookup", {"word": "b"}, "call_b1")]),
+            scripted_call("lookup", word, "call_l1"), scripted_call("get_weather", {"city": "Oslo"}, "call_w1")])], "then": "tool"},
+        "multi-round": {"steps": [step(1, "r", content="First. ", tool_calls=[scripted_call("lookup", {"word": "a"}, "call_a1")]),
+                                  step(2, "r", content="Second. ", tool_calls=[scripted_call("lookup", {"word": "b"}, "call_b1")]),
                                   step(3, "r", content="Both done.")], "then": "user"},
-        "reasoning": {"steps": [step(1, "s", reasoning="Look it up first.", tool_calls=[_call("lookup", word, "call_s1")]),
+        "reasoning": {"steps": [step(1, "s", reasoning="Look it up first.", tool_calls=[scripted_call("lookup", word, "call_s1")]),
                                 step(2, "s", reasoning="Now answer.", content="Found it.")], "then": "user"},
     }
 

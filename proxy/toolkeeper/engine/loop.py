@@ -53,7 +53,7 @@ class _Turn:
     context: TurnContext
     agent_messages: list[dict[str, Any]]  # the history as the agent sent it
     discovery: Discovery
-    calls: CallContext
+    call_context: CallContext
     text: dict[str, list[str]] = field(default_factory=dict)
     usage: dict[str, Any] | None = None
     head: dict[str, Any] | None = None
@@ -114,9 +114,9 @@ class _Turn:
 
 
 class Engine:
-    def __init__(self, agent: Agent, calls: CallHandler, *, history: History | None = None,
+    def __init__(self, agent: Agent, handler: CallHandler, *, history: History | None = None,
                  max_rounds: int = MAX_ROUNDS, metrics: Metrics | None = None):
-        self.calls = calls
+        self.handler = handler  # one call's path: declared calls run, the agent's own governed
         self.history = history
         self.max_rounds = max_rounds
         self.metrics = metrics
@@ -151,7 +151,7 @@ class Engine:
         active, schemas, index = self.active_tools(request), self.schemas, self.index
         context.agent_revision = self.agent.revision
         agent_messages = list(request.get("messages") or [])
-        await self.calls.collect(context, _trailing_results(agent_messages))
+        await self.handler.collect(context, _trailing_results(agent_messages))
         messages = await self.history.restore(context.tenant, agent_messages) if self.history else agent_messages
         agent_tools = list(request.get("tools") or [])
         discovery = Discovery(index, active, {tool_name(t) for t in agent_tools}, messages)
@@ -219,7 +219,7 @@ class Engine:
         if declared:
             yield Working(declared[0].name, turn.head)
             truncated = last.finish_reason == "length"
-            outcomes = await bounded_gather([self.calls.handle(call, active[call.name], turn.calls,
+            outcomes = await bounded_gather([self.handler.handle(call, active[call.name], turn.call_context,
                                                                truncated=truncated) for call in declared])
             for call, outcome in zip(declared, outcomes, strict=True):
                 answers[call.id], ending = outcome.answer, ending or outcome.ends_turn
@@ -229,9 +229,9 @@ class Engine:
             if ending:  # the turn ends here: the agent receives none of the round's calls, the model hears why
                 answers[call.id] = f"Not passed on: {ending}"
                 continue
-            if self.calls.policy.governs_agents:  # the agent's own call, under the same rules
+            if self.handler.policy.governs_agents:  # the agent's own call, under the same rules
                 yield Working(call.name, turn.head)  # an approver may be asked: keep the agent's connection alive
-            refusal = await self.calls.govern(call, turn.calls)
+            refusal = await self.handler.govern(call, turn.call_context)
             if refusal is not None:
                 answers[call.id] = refusal
         results = [{"role": "tool", "tool_call_id": c.id, "content": answers[c.id]} for c in last.tool_calls

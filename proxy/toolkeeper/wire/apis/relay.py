@@ -213,7 +213,7 @@ class RelayingModel:
 
 
 def shown_entries(entries: list[dict[str, Any]], hidden: set[str] | frozenset[str], allowed: set[str] | None, *,
-                  held: tuple[str, ...], calls: tuple[str, ...], id_of: Callable[[dict[str, Any]], str],
+                  held: tuple[str, ...], call_types: tuple[str, ...], id_of: Callable[[dict[str, Any]], str],
                   ) -> list[dict[str, Any]]:
     """The items (or blocks) an agent may see: all but the declared calls (and, given `allowed`, the agent's
     calls the rules did not let through), and the reasoning or thinking that led to one (of a type in `held`:
@@ -225,7 +225,7 @@ def shown_entries(entries: list[dict[str, Any]], hidden: set[str] | frozenset[st
             pending.append(entry)
             continue
         refused = allowed is not None and id_of(entry) not in allowed
-        if not (entry.get("type") in calls and (entry.get("name") in hidden or refused)):
+        if not (entry.get("type") in call_types and (entry.get("name") in hidden or refused)):
             shown.extend(pending)
             shown.append(entry)
         pending = []

@@ -76,7 +76,7 @@ class ChatCompletions(AgentAPI):
 
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
         if isinstance(body.get("n"), int) and body["n"] > 1 and (
-                self.engine.active_tools(body) or (body.get("tools") and self.engine.calls.policy.governs_agents)):
+                self.engine.active_tools(body) or (body.get("tools") and self.engine.handler.policy.governs_agents)):
             return self.refuse("n > 1 cannot be combined with declared tools or governed tool calls: only the "
                                "first choice is checked; send n = 1", "n_not_supported")
         model = ChatModel(upstream_for(request, self.upstream), request.headers, request.query_string)

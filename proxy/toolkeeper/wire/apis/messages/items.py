@@ -109,7 +109,7 @@ def round_from_message(message: dict[str, Any], raw: bytes | None = None) -> Rou
 def visible_blocks(blocks: list[dict[str, Any]], hidden: set[str], allowed: set[str] | None = None,
                    ) -> list[dict[str, Any]]:
     """The blocks the agent may see (`relay.shown_entries`): thinking travels with the block it precedes."""
-    return shown_entries(blocks, hidden, allowed, held=THINKING, calls=("tool_use",),
+    return shown_entries(blocks, hidden, allowed, held=THINKING, call_types=("tool_use",),
                          id_of=lambda block: str(block.get("id") or ""))
 
 

@@ -122,7 +122,7 @@ def round_from_response(response: dict[str, Any], raw: bytes | None = None) -> R
 def visible_items(items: list[dict[str, Any]], hidden: set[str], allowed: set[str] | None = None,
                   ) -> list[dict[str, Any]]:
     """The items the agent may see (`relay.shown_entries`): a reasoning item travels with the item it precedes."""
-    return shown_entries(items, hidden, allowed, held=("reasoning",), calls=CALL_TYPES, id_of=call_id_of)
+    return shown_entries(items, hidden, allowed, held=("reasoning",), call_types=CALL_TYPES, id_of=call_id_of)
 
 
 def said_item(text: str) -> dict[str, Any]:
