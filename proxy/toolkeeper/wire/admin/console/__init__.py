@@ -1,14 +1,14 @@
 """The console: approvers answer calls and auditors read the trail, in a browser, on toolkeeper's own port.
 
     GET  /toolkeeper/                the place this person's role opens on
-    GET  /toolkeeper/sign-in         sign in with a token; POST opens a browser session (wire/sessions.py)
+    GET  /toolkeeper/sign-in         sign in with a token; POST opens a browser session (../sessions.py)
     POST /toolkeeper/sign-out
     /toolkeeper/queue...             approvers: queue.py
     /toolkeeper/audit...             auditors: trail.py and charts.py
 
 Server-rendered HTML with one small script of toolkeeper's own (the live
 queue and its clocks), no front-end build and nothing from a CDN. The admin
-guard (wire/admin.py) decides who may open what; a page asked for without a
+guard (../guard.py) decides who may open what; a page asked for without a
 session answers with the sign-in form.
 """
 
