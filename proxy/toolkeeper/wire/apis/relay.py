@@ -71,6 +71,7 @@ class HoldingReader:
         self.hidden = hidden
         self.previous = previous
         self.started: dict[str, Any] | None = None  # the round's response or message as its stream began
+        self._head: dict[str, Any] | None = None  # the round's head for its Visible pieces, once started
         self._shown: list[dict[str, Any]] = []  # the agent's events of the event being read
         self._held: dict[int, list[dict[str, Any]]] = {}  # reasoning or thinking items' events, by index
         self._dropped: set[int] = set()
@@ -95,8 +96,11 @@ class HoldingReader:
 
     def visible(self, relay: list[dict[str, Any]]) -> Visible:
         texts = tuple({"content": text} for event in relay if (text := self.text_of(event)))
-        started = self.started or {}
-        return Visible(texts, round_head({"id": started.get("id")}, self.started, self.previous), tuple(relay))
+        head = self._head
+        if head is None:
+            head = round_head({"id": (self.started or {}).get("id")}, self.started, self.previous)
+            self._head = head if self.started is not None else None
+        return Visible(texts, head, tuple(relay))
 
     def starts(self, index: int, *, holds: bool, hidden: bool, own_call: str | None = None) -> None:
         """An item begins: held until the next, or it settles the held ones (hidden with it, or shown, or
