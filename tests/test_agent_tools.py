@@ -264,14 +264,15 @@ def test_messages_passes_only_the_allowed_call(scripted, tkg, stream):
 # -- Real coding agents ----------------------------------------------------------------
 
 
-def test_codex_never_receives_a_denied_shell_command(scripted, tkg, tmp_path):
-    from test_codex import CODEX, CONFIG, codex
+@pytest.mark.parametrize("websockets", [False, True], ids=["http", "websockets"])
+def test_codex_never_receives_a_denied_shell_command(scripted, tkg, tmp_path, websockets):
+    from test_codex import CODEX, codex, config
 
     assert CODEX.exists(), "Codex CLI is missing: bash scripts/test installs it"
     home, work = tmp_path / "home", tmp_path / "work"
     (home / ".codex").mkdir(parents=True)
     work.mkdir()
-    (home / ".codex" / "config.toml").write_text(CONFIG.format(base_url=tkg.base_url))
+    (home / ".codex" / "config.toml").write_text(config(tkg.base_url, websockets=websockets))
     victim = work / "keep"
     victim.mkdir()
     scripted.script({"tool_calls": [call("exec_command", {"cmd": f"rm -rf {victim}"}, "codex_rm")]},

@@ -38,6 +38,13 @@ enabled = false
 """
 
 
+def config(base_url: str, *, websockets: bool = False) -> str:
+    """Codex's config.toml for a provider at base_url; with websockets, Codex first tries the Responses API's
+    WebSocket mode, which toolkeeper refuses (403), and falls back to HTTP for the session."""
+    text = CONFIG.format(base_url=base_url)
+    return text.replace("supports_websockets = false", "supports_websockets = true") if websockets else text
+
+
 @pytest.fixture
 def codex_home(tmp_path, tk):
     assert CODEX.exists(), "Codex CLI is missing: bash scripts/test installs it (npm install @openai/codex)"
@@ -54,6 +61,24 @@ def codex(home, work, *args: str) -> subprocess.CompletedProcess:
            "TOOLKEEPER_TEST_KEY": "sk-codex-test", "NO_COLOR": "1"}
     return subprocess.run([str(CODEX), "exec", *args], capture_output=True, text=True, timeout=120, cwd=work,
                           env=env)
+
+
+def agent_messages(stdout: str) -> list[str]:
+    events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return [e["item"]["text"] for e in events if e.get("type") == "item.completed"
+            and e["item"].get("type") == "agent_message"]
+
+
+def test_codex_in_websocket_mode_falls_back_to_http_and_the_declared_tool_runs_hidden(scripted, tk, codex_home):
+    home, work = codex_home
+    (home / ".codex" / "config.toml").write_text(config(tk.base_url, websockets=True))
+    scripted.script({"content": "Let me look it up.", "tool_calls": [call("lookup", {"word": "tide"})]},
+                    {"content": "A tide is the rise and fall of the sea."})
+    run = codex(home, work, "--skip-git-repo-check", "--json", "What is a tide?")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert agent_messages(run.stdout)[-1] == "A tide is the rise and fall of the sea."
+    assert "Falling back from WebSockets to HTTPS" in run.stdout and "--pass-ungoverned" in run.stdout
+    assert "lookup" not in run.stdout and tk.calls() == [["lookup", "tide"]]
 
 
 def test_codex_runs_a_declared_tool_and_never_sees_it(scripted, tk, codex_home):

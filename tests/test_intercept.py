@@ -229,6 +229,47 @@ def test_codex_at_its_vendor_url_through_the_proxy(scripted, intercepted, tmp_pa
     assert ["lookup", "sound"] in ran(intercepted.directory)
 
 
+BUILT_IN_PROVIDER = """
+model = "gpt-5.5"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+
+[features]
+plugins = false
+
+[analytics]
+enabled = false
+"""
+
+
+def test_codex_with_its_built_in_provider_falls_back_from_websockets_through_the_proxy(scripted, tmp_path):
+    """Codex's own OpenAI provider tries the Responses API's WebSocket mode at api.openai.com first: on a routed
+    host toolkeeper refuses it (it would escape every rule), Codex falls back to HTTPS, and toolkeeper governs."""
+    from test_codex import CODEX
+
+    write_agent(tmp_path, AGENT)
+    running = Intercept(tmp_path, "--map", f"api.openai.com={scripted.base_url}")
+    try:
+        home = tmp_path / "home"
+        (home / ".codex").mkdir(parents=True)
+        (home / ".codex" / "config.toml").write_text(BUILT_IN_PROVIDER)
+        scripted.script({"content": "Let me look it up.", "tool_calls": [call("lookup", {"word": "wave"})]},
+                        {"content": "Found: {tool_result}"})
+        env = {"PATH": os.environ["PATH"], "HOME": str(home), "CODEX_HOME": str(home / ".codex"),
+               "OPENAI_API_KEY": "sk-codex-own", "NO_COLOR": "1", **running.variables}
+        run = subprocess.run([str(CODEX), "exec", "--skip-git-repo-check", "--json", "What is a wave?"],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    finally:
+        running.stop()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Falling back from WebSockets to HTTPS" in run.stdout, run.stdout
+    messages = [e["item"]["text"] for e in map(json.loads, filter(lambda line: line.startswith("{"),
+                                                                 run.stdout.splitlines()))
+                if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"]
+    assert messages[-1].strip() == 'Found: ran ["lookup", "wave"]'
+    assert ran(tmp_path) == [["lookup", "wave"]]
+
+
 def test_claude_code_at_its_vendor_url_through_the_proxy(scripted, intercepted, tmp_path):
     """Claude Code (Node) reads HTTPS_PROXY itself: HTTPS_PROXY and NODE_EXTRA_CA_CERTS are all it needs."""
     from test_claude_code import CLAUDE
@@ -325,18 +366,18 @@ def _compare_direct_and_through(intercepted: Intercept, server: RawTLSServer) ->
     assert server.received == [sent, sent]  # not intercepted: its certificate checked by the client, bytes untouched
 
 
-def test_a_routed_hosts_other_requests_are_verified_against_the_trust_store(intercepted, tmp_path):
-    """localhost is routed (so decrypted): its other requests go on to it, but only to a certificate the system
-    trusts, as the agent would have checked. This server's own certificate is not one."""
+def test_a_routed_hosts_other_requests_go_only_where_interception_routes(intercepted, tmp_path):
+    """localhost is routed (so decrypted): its other requests go through toolkeeper too, which forwards only to
+    the origins interception routes (https://localhost, on 443): a server on another port gets nothing."""
     with RawTLSServer(tmp_path) as server:
         trust = ssl.create_default_context(cafile=intercepted.variables["SSL_CERT_FILE"])
         connection = http.client.HTTPSConnection("127.0.0.1", intercepted.port, context=trust, timeout=30)
         connection.set_tunnel("localhost", server.port)
         connection.request("GET", "/v1/models")
         answer = connection.getresponse()
-        assert answer.status == 502 and b"certificate" in answer.read().lower()
+        assert answer.status == 400 and b"interception does not route" in answer.read()
         connection.close()
-        assert server.received == []  # refused at the handshake: nothing was sent to it
+        assert server.received == []
 
 
 class Recorder(Listener):
@@ -518,9 +559,10 @@ def test_the_addon_routes_each_api_path_keeps_the_query_and_signs_only_plain_hos
         ["http://127.0.0.1:7000/v1/chat/completions?api-version=2024-10-21",
          "https://x.openai.azure.com/openai/deployments/d"],
         ["http://127.0.0.1:7000/v1/responses", "https://chatgpt.com/backend-api/codex"],
-        ["https://chatgpt.com/other/responses", None],  # not the routed path: untouched
-        ["https://api.openai.com/v1/models", None],  # not an API endpoint: passed through
-        ["http://127.0.0.1:8700/v1/models?x=1", None],  # a mapped host's other paths go to its URL
+        # every other request on a routed host goes through toolkeeper, which passes data on and refuses the rest
+        ["http://127.0.0.1:7000/other/responses", "https://chatgpt.com"],
+        ["http://127.0.0.1:7000/v1/models", "https://api.openai.com/v1"],
+        ["http://127.0.0.1:7000/v1/models?x=1", "http://127.0.0.1:8700/v1"],  # a mapped host's, under its URL
         ["http://127.0.0.1:7000/v1/chat/completions", "https://api.openai.com/v1"],  # the host's case does not matter
         ["https://a@api.openai.com/v1/chat/completions", None],  # not a plain host name: never signed
     ]

@@ -71,6 +71,11 @@ class Settings:
     allow_origin: tuple[str, ...] = option((), "a web origin (https://app.example) whose pages may call toolkeeper "
                                                 "(repeatable; default: none, every request with a browser Origin "
                                                 "is refused)", metavar="ORIGIN")
+    pass_ungoverned: tuple[str, ...] = option((), "a tool-capable model endpoint toolkeeper does not govern "
+                                                  "(/v1/realtime, an Assistants run, a WebSocket on a model "
+                                                  "path) to pass on instead of refusing: its tool calls escape "
+                                                  "every rule and record (repeatable; logged and counted)",
+                                           metavar="PATH")
     agent_keys: str | None = option(None, "a YAML file listing agents and the SHA-256 of their keys (`agents:`, "
                                           "as in the agent file); a request must then present a known key")
     idle_timeout: float = option(15.0, "seconds a connection may stay without a complete request (before its "

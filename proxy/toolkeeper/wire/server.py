@@ -8,8 +8,8 @@ upstream session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -24,8 +24,9 @@ from toolkeeper.settings import Settings
 from toolkeeper.store import Store, StoreError
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
 from toolkeeper.wire.apis import ChatCompletions, MessagesAPI, ResponsesAPI, count_tokens_body, credentials_hash
-from toolkeeper.wire.errors import OPENAI, UpstreamError, store_unavailable
-from toolkeeper.wire.guard import AgentKeys, OriginGuard
+from toolkeeper.wire.endpoints import Endpoints, normalised, under_v1
+from toolkeeper.wire.errors import OPENAI, UpstreamError, shape_of, store_unavailable
+from toolkeeper.wire.guard import OPEN_PATHS, AgentKeys, OriginGuard
 from toolkeeper.wire.intercept import InterceptedUpstream
 from toolkeeper.wire.upstream import HOP_BY_HOP, OWN_COOKIE, UPSTREAM_KEY, Upstream, forward_headers, upstream_for
 
@@ -37,8 +38,6 @@ MESSAGES_KEY = web.AppKey("messages", MessagesAPI)
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 RESPONSES_PATHS = ("/v1/responses", "/responses")
 MESSAGES_PATHS = ("/v1/messages", "/messages")
-# Model endpoints toolkeeper does not speak: passed through, but never silently (declared tools are not offered).
-UNSPOKEN = re.compile(r"^/(v1/)?(completions|realtime|responses/compact|chat/completions/.+|messages/batches)$")
 # Agents send whole conversations; the default 1 MiB would refuse long ones.
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
@@ -53,7 +52,13 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
               admin: web.Application, checks: dict[str, Check], agent_keys: dict[str, str],
               store: Store) -> web.Application:
     origins = OriginGuard(settings.allow_origin)
-    intercepted = InterceptedUpstream(settings.intercept_secret, settings.intercept_upstreams)
+    endpoints = Endpoints(settings.pass_ungoverned, metrics)
+
+    async def elsewhere(request: web.Request) -> web.StreamResponse:
+        return await other_endpoint(request, endpoints)
+
+    intercepted = InterceptedUpstream(settings.intercept_secret, settings.intercept_upstreams,
+                                      own=(*OPEN_PATHS, ADMIN_PREFIX), elsewhere=elsewhere)
     # toolkeeper holding the upstream key means agents must prove who they are
     keys = AgentKeys(agent_keys, required=api_key is not None)
     app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[origins.middleware, intercepted.middleware,
@@ -89,8 +94,7 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
     app.router.add_get("/metrics", probes.metrics_page)
     app.router.add_get("/readyz", probes.readyz)
     app.add_subapp(ADMIN_PREFIX, admin)
-    unspoken = Unspoken(metrics)
-    app.router.add_route("*", "/{tail:.*}", lambda request: passthrough(request, unspoken=unspoken))
+    app.router.add_route("*", "/{tail:.*}", elsewhere)
     return app
 
 
@@ -183,37 +187,28 @@ class Probes:
         return problems
 
 
-class Unspoken:
-    """A model endpoint toolkeeper does not speak is passed through, logged once per path and counted: the
-    agent's model gets no declared tools there, and a security layer must not be bypassed silently."""
-
-    def __init__(self, metrics: Metrics):
-        self.metrics = metrics
-        self.warned: set[str] = set()
-
-    def __call__(self, request: web.Request) -> None:
-        if request.method != "POST" or not UNSPOKEN.match(request.path):
-            return
-        self.metrics.count("toolkeeper_unspoken_requests_total", "Model requests passed through to an endpoint "
-                           "toolkeeper does not speak (no declared tools, no policy on them).", path=request.path)
-        if request.path not in self.warned:
-            self.warned.add(request.path)
-            log.warning("%s is passed through untouched: toolkeeper does not speak this API, so its model gets no "
-                        "declared tools and its tool calls no policy; point the agent at /v1/chat/completions or "
-                        "/v1/responses", request.path)
-
-
 def _sets_own_cookie(name: str, value: str) -> bool:
     """A model server's Set-Cookie for one of toolkeeper's cookies (a console session it would plant)."""
     return name.lower() == "set-cookie" and value.lstrip().lower().startswith(OWN_COOKIE)
 
 
-async def passthrough(request: web.Request, *, path: str | None = None, body: bytes | None = None,
-                      unspoken: Unspoken | None = None) -> web.StreamResponse:
-    """Anything that is not an agent API request goes upstream untouched, streamed both ways."""
+async def other_endpoint(request: web.Request, endpoints: Endpoints) -> web.StreamResponse:
+    """A request no agent API answers: a data endpoint goes upstream untouched, an ungoverned one is refused."""
+    body = parsed = None
+    if request.method == "POST" and under_v1(normalised(request.path)) == "completions":
+        body = await request.read()  # a legacy completion: tool-capable only when its body offers tools
+        with contextlib.suppress(orjson.JSONDecodeError):
+            parsed = orjson.loads(body)
+    verdict = endpoints.verdict(request, parsed if isinstance(parsed, dict) else None)
+    if verdict.refusal:
+        return shape_of(request.path).refusal(403, verdict.refusal, "ungoverned_endpoint")
+    return await passthrough(request, body=body)
+
+
+async def passthrough(request: web.Request, *, path: str | None = None,
+                      body: bytes | None = None) -> web.StreamResponse:
+    """What is not an agent API request (and not refused) goes upstream untouched, streamed both ways."""
     upstream = upstream_for(request, request.app[UPSTREAM_KEY])
-    if unspoken is not None:
-        unspoken(request)
     if path is None:
         path = request.path[3:] if request.path.startswith("/v1/") else request.path
     url = upstream.url(path) + (f"?{request.query_string}" if request.query_string else "")

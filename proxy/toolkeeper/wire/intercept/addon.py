@@ -14,8 +14,11 @@ A request to a routed host and one of its API's endpoints (POST
 /messages/count_tokens) goes to toolkeeper, which forwards it to the original
 server (or the mapped URL) named in a signed X-Toolkeeper-Upstream header. The
 host is the one the client's tunnel named (what mitmproxy decrypted), checked
-to be a plain host name, never the Host header alone.
-Other requests to a mapped host go to its URL; everything else is untouched.
+to be a plain host name, never the Host header alone. Every other request to a
+routed or mapped host goes to toolkeeper too, which passes a data endpoint on
+(`/v1/models`, files) and refuses a tool-capable one it does not govern (a
+WebSocket on `/v1/responses`, `/v1/realtime`): nothing on a routed host is
+tunnelled untouched. Requests to other hosts are.
 The connection strategy is lazy, so a re-routed flow never connects to (or
 looks up) its original host. Any X-Toolkeeper-* header an agent sends is
 removed first. Responses stream through as they come. When toolkeeper does not
@@ -71,9 +74,20 @@ class Interception:
                     return api, path[: found.start()], found.group(1)
         return None
 
-    def _upstream(self, scheme: str, host: str, port: int, prefix: str) -> str:
-        """The base URL toolkeeper sends the API's endpoint under: the original server's, or the mapped one."""
+    def _routed(self, host: str) -> bool:
+        return host in self.maps or any(host_matches(pattern, host) for pattern, _, _ in self.routes)
+
+    def _api_of(self, host: str) -> str:
+        """The API a routed host speaks, for the shape of an error the addon answers itself."""
+        return next((api for pattern, _, api in self.routes if host_matches(pattern, host)), "chat")
+
+    def _upstream(self, scheme: str, host: str, port: int, prefix: str, *, endpoint: bool = True) -> str:
+        """The base URL toolkeeper sends the request under: the original server's, or the mapped one (which
+        stands for the host's /v1)."""
         if host in self.maps:
+            if not endpoint and not prefix:  # another request, not under /v1: the mapped server's own root
+                target = urlsplit(self.maps[host])
+                return f"{target.scheme}://{target.netloc}"
             return self.maps[host] + _after_v1(prefix)
         default = {"https": 443, "http": 80}.get(scheme)
         return f"{scheme}://{host}{'' if port == default else f':{port}'}{prefix}"
@@ -90,16 +104,17 @@ class Interception:
         route = self._route_of(host, path, request.method)
         if route is not None:
             api, prefix, endpoint = route
-            flow.metadata[TOOLKEEPER_API] = api
-            request.headers[HEADER] = sign(self.secret, self._upstream(request.scheme, host, request.port, prefix),
-                                           time.time())
-            self._send_to(request, "http", *self.toolkeeper, "/v1" + endpoint + query)
-        elif host in self.maps:
-            target = urlsplit(self.maps[host])
-            port = target.port or (443 if target.scheme == "https" else 80)
-            base = target.path if _after_v1(path) != path or path == "/v1" else ""
-            self._send_to(request, target.scheme, target.hostname or "", port, base + _after_v1(path) + query)
-            request.stream = True
+            upstream, target = self._upstream(request.scheme, host, request.port, prefix), "/v1" + endpoint
+        elif self._routed(host):  # any other request on the host: toolkeeper passes it on, or refuses it
+            api, prefix = self._api_of(host), "/v1" if path == "/v1" or path.startswith("/v1/") else ""
+            upstream = self._upstream(request.scheme, host, request.port, prefix, endpoint=False)
+            target = path
+            request.stream = True  # a data endpoint's upload streams on
+        else:
+            return
+        flow.metadata[TOOLKEEPER_API] = api
+        request.headers[HEADER] = sign(self.secret, upstream, time.time())
+        self._send_to(request, "http", *self.toolkeeper, target + query)
 
     @staticmethod
     def _send_to(request: http.Request, scheme: str, host: str, port: int, path: str) -> None:

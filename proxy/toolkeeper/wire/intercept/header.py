@@ -20,7 +20,7 @@ from __future__ import annotations
 import hmac
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -32,9 +32,15 @@ from toolkeeper.wire.upstream import ROUTED, UPSTREAM_KEY
 MAX_AGE = 120.0  # seconds: a signed header is made for one request, now
 
 class InterceptedUpstream:
-    def __init__(self, secret: str | None, routed: tuple[str, ...]):
+    """`own`: the paths toolkeeper answers for itself (probes, /toolkeeper/); a re-routed request for one of them
+    is the model server's, and goes to `elsewhere` (what toolkeeper does with any other endpoint)."""
+
+    def __init__(self, secret: str | None, routed: tuple[str, ...], *, own: tuple[str, ...] = (),
+                 elsewhere: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None):
         self.secret = secret
         self.routed = frozenset(origin.rstrip("/") for origin in routed)  # scheme://host[:port] interception routes
+        self.own = own
+        self.elsewhere = elsewhere
 
     def upstream_of(self, value: str) -> str:
         """The upstream URL a header names; raises ValueError saying why it is refused."""
@@ -84,5 +90,7 @@ class InterceptedUpstream:
         except ValueError as exc:
             return shape_of(request.path).refusal(400, str(exc), "upstream_not_allowed")
         request[ROUTED] = request.app[UPSTREAM_KEY].at(url)
+        if self.elsewhere is not None and request.path.startswith(self.own):
+            return await self.elsewhere(request)
         return await handler(request)
 

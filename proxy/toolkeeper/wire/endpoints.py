@@ -1,0 +1,109 @@
+"""What toolkeeper does with a request its agent APIs do not answer: pass a data endpoint on, refuse the rest.
+
+    POST /v1/chat/completions, /v1/responses, /v1/messages   governed: the engine answers (server.py's routes)
+    /v1/models, embeddings, files, count_tokens, ...         data: passed on untouched
+    a WebSocket upgrade, /v1/realtime, Assistants runs,
+      batches, legacy /v1/completions with tools             tool-capable, and not governed: refused
+    a path read differently than the model server reads it   refused (//v1/chat/completions, ;x, a trailing /)
+
+A tool-capable endpoint is refused unless the operator lets it through by
+name (`--pass-ungoverned PATH`); each one passed is logged once and counted.
+An endpoint toolkeeper does not speak but that calls no tool (`/v1/responses/
+compact`, `/v1/completions` without tools) is passed and counted, never
+silently. Paths are compared normalised, so no spelling of a governed path
+reaches the model server untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from toolkeeper.metrics import Metrics
+
+log = logging.getLogger("toolkeeper")
+
+# Tool-capable endpoints toolkeeper does not govern: (name, path pattern under /v1, methods; None: any).
+UNGOVERNED = (
+    ("realtime", re.compile(r"realtime(/.*)?"), None),  # sessions, client secrets, WebRTC calls, the socket
+    ("assistants_runs", re.compile(r"threads/(runs|[^/]+/runs(/.*)?)"), ("POST",)),
+    ("batches", re.compile(r"(batches|messages/batches)"), ("POST",)),
+)
+# Model endpoints toolkeeper does not speak, whose model calls no tool: passed, counted.
+UNSPOKEN = (("responses_compact", re.compile(r"responses/compact")), ("completions", re.compile(r"completions")))
+LEGACY_TOOLS = ("tools", "functions", "tool_choice", "function_call")  # a legacy completion that may call tools
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do with one request: pass it on (`refusal` empty), or refuse it saying why; `endpoint` names it for
+    the log and the metrics."""
+
+    endpoint: str = ""
+    refusal: str = ""
+
+
+def normalised(path: str) -> str:
+    """A path as a model server would read it: one slash between segments, no `;parameters`, no trailing slash."""
+    segments = [segment.split(";", 1)[0] for segment in path.split("/")]
+    return "/" + "/".join(segment for segment in segments if segment)
+
+
+def under_v1(path: str) -> str:
+    """The path below /v1 (the API's own part), or the path itself without its leading slash."""
+    path = path.lstrip("/")
+    return path[3:] if path.startswith("v1/") else path
+
+
+class Endpoints:
+    def __init__(self, passed: tuple[str, ...], metrics: Metrics):
+        self.passed = tuple(normalised(path) for path in passed)  # --pass-ungoverned
+        self.metrics = metrics
+        self._said: set[str] = set()
+
+    def verdict(self, request: web.Request, body: dict | None = None) -> Verdict:
+        path = normalised(request.path)
+        if path != request.path or "%2f" in request.raw_path.lower():
+            return Verdict("path_variant", f"toolkeeper forwards no path it reads differently from the model "
+                                           f"server ({request.path!r} is {path!r}): send the path as it is")
+        name = self._ungoverned(request, under_v1(path), body)
+        if name:
+            if self._passes(path):
+                self._note(name, f"{request.method} {path} passes ungoverned (--pass-ungoverned): no rule, consent "
+                                 "or record applies to the tool calls it makes", "toolkeeper_ungoverned_passed_total",
+                           "Requests to a tool-capable endpoint toolkeeper does not govern, passed by "
+                           "--pass-ungoverned.")
+                return Verdict(name)
+            self.metrics.count("toolkeeper_ungoverned_refused_total", "Requests to a tool-capable endpoint "
+                               "toolkeeper does not govern, refused.", endpoint=name)
+            return Verdict(name, f"toolkeeper does not govern {request.method} {path} ({name.replace('_', ' ')}): "
+                                 "the tool calls made there would escape its rules, consent and audit, so it is "
+                                 f"refused. An operator may let it through with --pass-ungoverned {path}")
+        unspoken = next((name for name, pattern in UNSPOKEN if pattern.fullmatch(under_v1(path))), None)
+        if unspoken and request.method == "POST":
+            self._note(unspoken, f"{path} is passed through untouched: toolkeeper does not speak this API, so its "
+                                 "model gets no declared tools", "toolkeeper_unspoken_requests_total",
+                       "Model requests passed through to an endpoint toolkeeper does not speak (no declared tools).")
+        return Verdict(unspoken or "")
+
+    def _ungoverned(self, request: web.Request, path: str, body: dict | None) -> str:
+        for name, pattern, methods in UNGOVERNED:
+            if pattern.fullmatch(path) and (methods is None or request.method in methods):
+                return name
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            return "websocket"
+        if path == "completions" and request.method == "POST" and any(key in (body or {}) for key in LEGACY_TOOLS):
+            return "completions_with_tools"
+        return ""
+
+    def _passes(self, path: str) -> bool:
+        return any(path == passed or path.startswith(passed + "/") for passed in self.passed)
+
+    def _note(self, name: str, message: str, metric: str, help_text: str) -> None:
+        self.metrics.count(metric, help_text, endpoint=name)
+        if name not in self._said:
+            self._said.add(name)
+            log.warning("%s", message)

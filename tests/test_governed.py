@@ -1,0 +1,98 @@
+"""What toolkeeper does not govern it refuses: a WebSocket on a model path, the Realtime API, Assistants runs,
+batches, legacy completions with tools, and any spelling of a governed path it would read differently.
+
+Data endpoints pass as before; `--pass-ungoverned PATH` lets one endpoint through, logged and counted.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.request
+from urllib.parse import urlsplit
+
+import pytest
+from conftest import serving, user
+
+WEBSOCKET = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+             "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+
+
+@pytest.fixture(scope="module")
+def governing(scripted, agent_dir):
+    with serving(scripted, agent_dir, "--pass-ungoverned", "/v1/threads/t-passed") as running:
+        yield running
+
+
+def send(tk, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> tuple[int, dict]:
+    """A request with its path exactly as written (no client tidies it)."""
+    where = urlsplit(tk.base_url)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+    payload = json.dumps(body).encode() if body is not None else None
+    connection.request(method, path, body=payload, headers={"Content-Type": "application/json",
+                                                          "Authorization": "Bearer sk-agent", **(headers or {})})
+    answer = connection.getresponse()
+    data = answer.read()
+    connection.close()
+    return answer.status, json.loads(data) if data.startswith((b"{", b"[")) else {"raw": data.decode()}
+
+
+@pytest.mark.parametrize(("method", "path", "body", "headers", "endpoint"), [
+    ("GET", "/v1/responses", None, WEBSOCKET, "websocket"),
+    ("GET", "/v1/chat/completions", None, WEBSOCKET, "websocket"),
+    ("GET", "/v1/realtime?model=gpt-realtime", None, WEBSOCKET, "realtime"),
+    ("POST", "/v1/realtime/client_secrets", {"session": {"type": "realtime"}}, None, "realtime"),
+    ("POST", "/v1/realtime/calls", {}, None, "realtime"),
+    ("POST", "/v1/threads/runs", {"assistant_id": "a"}, None, "assistants_runs"),
+    ("POST", "/v1/threads/t1/runs", {"assistant_id": "a"}, None, "assistants_runs"),
+    ("POST", "/v1/threads/t1/runs/r1/submit_tool_outputs", {"tool_outputs": []}, None, "assistants_runs"),
+    ("POST", "/v1/batches", {"input_file_id": "f", "endpoint": "/v1/chat/completions"}, None, "batches"),
+    ("POST", "/v1/completions", {"model": "m", "prompt": "hi", "tools": [{"type": "function"}]}, None,
+     "completions_with_tools"),
+], ids=lambda value: value if isinstance(value, str) and value.startswith("/") else None)
+def test_a_tool_capable_endpoint_toolkeeper_does_not_govern_is_refused(scripted, governing, method, path, body,
+                                                                         headers, endpoint):
+    scripted.script()
+    status, answer = send(governing, method, path, body, headers)
+    assert status == 403, answer
+    message = answer["error"]["message"]
+    assert answer["error"]["code"] == "ungoverned_endpoint" and "--pass-ungoverned" in message
+    assert path.split("?")[0] in message
+    assert scripted.requests() == []  # nothing reached the model server
+    metrics = urllib.request.urlopen(governing.base_url[:-3] + "/metrics", timeout=10).read().decode()
+    assert f'toolkeeper_ungoverned_refused_total{{endpoint="{endpoint}"}}' in metrics
+
+
+def test_a_websocket_on_the_messages_path_is_refused_in_anthropics_shape(scripted, governing):
+    status, answer = send(governing, "GET", "/v1/messages", None, WEBSOCKET)
+    assert status == 403 and answer["type"] == "error" and answer["error"]["type"] == "permission_error"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions/", "//v1/chat/completions", "/v1//chat/completions",
+                                  "/v1/chat/completions;x", "/v1/responses/", "/v1/messages;a=b",
+                                  "/v1/chat%2Fcompletions"])
+def test_a_governed_path_spelled_otherwise_is_refused_not_forwarded(scripted, governing, path):
+    scripted.script({"content": "should never be asked"})
+    status, answer = send(governing, "POST", path, {"model": "m", "messages": user(), "input": "hi"})
+    assert status == 403, answer
+    assert "reads differently" in str(answer)
+    assert scripted.requests() == []
+
+
+def test_data_endpoints_and_the_governed_paths_themselves_pass_as_before(scripted, governing):
+    scripted.script({"content": "hello"})
+    status, answer = send(governing, "GET", "/v1/models")
+    assert status == 200 and answer["data"]
+    status, answer = send(governing, "POST", "/v1/chat/completions", {"model": "m", "messages": user()})
+    assert status == 200 and answer["choices"][0]["message"]["content"] == "hello"
+
+
+def test_pass_ungoverned_lets_one_endpoint_through_logged_and_counted(scripted, governing):
+    status, _ = send(governing, "POST", "/v1/threads/t-passed/runs", {"assistant_id": "a"})
+    assert status == 404  # the scripted model knows no Assistants API: the request reached it
+    assert [r.get("path") for r in scripted.requests()][-1:] == ["/v1/threads/t-passed/runs"]
+    status, _ = send(governing, "POST", "/v1/threads/t-other/runs", {"assistant_id": "a"})
+    assert status == 403  # only the named path
+    metrics = urllib.request.urlopen(governing.base_url[:-3] + "/metrics", timeout=10).read().decode()
+    assert 'toolkeeper_ungoverned_passed_total{endpoint="assistants_runs"} 1' in metrics
+    assert "passes ungoverned (--pass-ungoverned)" in governing.process.stderr()
