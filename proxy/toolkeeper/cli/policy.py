@@ -44,6 +44,7 @@ class Call(Strict):
     tool: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     source: Literal["declared", "agent"] = "declared"  # agent: one of the agent's own tools
+    kind: str = "function"  # an agent's call: its type as the model sends it (shell_call, apply_patch_call, ...)
 
 
 class Situation(Strict):
@@ -88,6 +89,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     explain.add_argument("--agent-header", help="the identity header's value, as policies read agent.header")
     explain.add_argument("--source", choices=["declared", "agent"], default="declared",
                          help="agent: TOOL is one of the agent's own (Bash, exec_command), not in the agent file")
+    explain.add_argument("--kind", default="function",
+                         help="with --source agent: the call's type (shell_call, local_shell_call, apply_patch_call, "
+                              "computer_call; default function)")
     explain.add_argument("--opa-url", help="ask this OPA server (instead of the YAML rules)")
     explain.add_argument("--opa-path", default=DEFAULT_PATH, help=f"the rule OPA evaluates (default {DEFAULT_PATH})")
 
@@ -110,7 +114,7 @@ async def evaluate(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, cal
     turn = TurnContext(agent=situation.agent.get("id", ""), agent_header=situation.agent.get("header"))
     if call.source == "agent":
         document = handler.document(call.tool, call.arguments, None, turn, interactive=situation.interactive,
-                                    now=situation.at)
+                                    now=situation.at, kind=call.kind)
         return document, await handler.policy.decide(document)
     tool = agent.tools.get(call.tool)
     if tool is None:
@@ -193,8 +197,8 @@ def explain(args: argparse.Namespace) -> int:
 
     async def run() -> tuple[dict[str, Any], Decision]:
         try:
-            return await evaluate(agent, rules, opa, Call(tool=args.tool, arguments=arguments, source=args.source),
-                                  situation)
+            call = Call(tool=args.tool, arguments=arguments, source=args.source, kind=args.kind)
+            return await evaluate(agent, rules, opa, call, situation)
         finally:
             if opa is not None:
                 await opa.close()

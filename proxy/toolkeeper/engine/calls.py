@@ -109,12 +109,14 @@ class CallHandler:
         self.runners = {**self.runners, **runners}
 
     def document(self, tool: DeclaredTool | str, arguments: Any, argv: list[str] | None, turn: TurnContext, *,
-                 interactive: bool | None = None, now: datetime | None = None) -> dict[str, Any]:
+                 interactive: bool | None = None, now: datetime | None = None, kind: str = "function",
+                 ) -> dict[str, Any]:
         """The policy input of one call (a declared tool, or the name of one of the agent's own), as every
         policy source reads it; `interactive` defaults to whether the consent channel can ask."""
         return policy_input(tool, arguments, argv, agent_id=turn.agent, agent_header=turn.agent_header,
                             request_id=turn.request_id, yolo=self.policy.yolo,
-                            interactive=self.consent.can_ask if interactive is None else interactive, now=now)
+                            interactive=self.consent.can_ask if interactive is None else interactive, now=now,
+                            kind=kind)
 
     async def handle(self, call: ToolCall, tool: DeclaredTool, context: CallContext, *,
                      truncated: bool = False) -> Outcome:
@@ -273,7 +275,8 @@ class CallHandler:
         # what an approver sees and an approval is bound to: the arguments, or their text when not an object
         values = arguments if isinstance(arguments, dict) else {"arguments": call.arguments_text}
         state = _Call(call, None, context, record, False, values=values)  # type: ignore[arg-type]
-        document = self.document(call.name, arguments if arguments is not None else call.arguments_text, None, turn)
+        document = self.document(call.name, arguments if arguments is not None else call.arguments_text, None, turn,
+                                 kind=call.kind)
         record.policy_input = document
         decision = await self.policy.decide(document)
         record.decided_by(decision)

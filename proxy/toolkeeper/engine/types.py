@@ -18,8 +18,9 @@ import orjson
 class ToolCall:
     id: str
     name: str
-    arguments: Any  # the raw text as streamed, or an object (llama.cpp)
+    arguments: Any  # the raw text as streamed, or an object (llama.cpp, a built-in call's action)
     extra: dict[str, Any] = field(default_factory=dict)  # other fields, kept verbatim
+    kind: str = "function"  # the call's type as the model sent it: a built-in's item type (`shell_call`, ...)
 
     @property
     def arguments_text(self) -> str:

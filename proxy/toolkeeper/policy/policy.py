@@ -31,15 +31,17 @@ WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 def policy_input(tool: DeclaredTool | str, arguments: Any, argv: list[str] | None, *, agent_id: str = "",
                  agent_header: str | None = None, request_id: str = "", yolo: bool = False,
-                 interactive: bool = False, now: datetime | None = None) -> dict[str, Any]:
+                 interactive: bool = False, now: datetime | None = None, kind: str = "function") -> dict[str, Any]:
     """The one document every policy source reads. `tool`: a declared tool, or the name of one of the agent's
-    own (`tool.source: agent`: its arguments as sent, no argv, no tier)."""
+    own (`tool.source: agent`: its arguments as sent, no argv, no tier); `kind`: the call's type as the model
+    sent it (`function`, or a built-in's item type: `shell_call`, `apply_patch_call`, ...)."""
     now = now or datetime.now().astimezone()
     if isinstance(tool, str):
-        described = {"name": tool, "source": "agent", "tier": None, "runner": None, "visibility": None}
+        described = {"name": tool, "source": "agent", "kind": kind, "tier": None, "runner": None,
+                     "visibility": None}
     else:
-        described = {"name": tool.name, "source": "declared", "tier": tool.spec.tier, "runner": tool.spec.runner,
-                     "visibility": tool.spec.visibility}
+        described = {"name": tool.name, "source": "declared", "kind": "function", "tier": tool.spec.tier,
+                     "runner": tool.spec.runner, "visibility": tool.spec.visibility}
     return {
         "tool": described,
         "arguments": arguments,

@@ -55,7 +55,7 @@ class ValueTest(Strict):
     def _pattern(cls, value: str | None) -> str | None:
         return regex(value)
 
-    def holds(self, value: Any, present: bool) -> bool:
+    def holds(self, value: Any, present: bool, *, restricts: bool = False) -> bool:
         if self.present is not None and self.present != present:
             return False
         if not present:
@@ -67,12 +67,20 @@ class ValueTest(Strict):
             return False
         if self.one_of is not None and value not in self.one_of:
             return False
-        if self.matches is not None and not (isinstance(value, str) and re.search(self.matches, value)):
+        if self.matches is not None and not self._found(value, restricts):
             return False
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         if self.above is not None and not (numeric and value > self.above):
             return False
         return not (self.below is not None and not (numeric and value < self.below))
+
+    def _found(self, value: Any, restricts: bool) -> bool:
+        """The pattern in a string; in a list of strings (a built-in call's commands, an argv), in any entry for a
+        rule that restricts (deny, ask) and in every entry for an allow: no entry can slip past a deny."""
+        if isinstance(value, list) and value:
+            found = (isinstance(entry, str) and re.search(self.matches or "", entry) for entry in value)
+            return any(found) if restricts else all(found)
+        return isinstance(value, str) and re.search(self.matches or "", value) is not None
 
 
 class ArgvTest(Strict):
@@ -134,6 +142,7 @@ def _globs(value: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
 class When(Strict):
     tool: str | tuple[str, ...] | None = None
     source: Literal["declared", "agent"] | None = None  # a declared tool, or one of the agent's own
+    kind: str | tuple[str, ...] | None = None  # the call's type, a glob: function, shell_call, apply_patch_call
     runner: Literal["argv", "wasm"] | None = None
     tier: Literal["gated", "silent"] | None = None
     argv: ArgvTest | None = None
@@ -151,6 +160,9 @@ class When(Strict):
             return False
         if self.source is not None and tool.get("source", "declared") != self.source:
             return False
+        kinds = _globs(self.kind)
+        if kinds is not None and not any(fnmatch.fnmatchcase(tool.get("kind", "function"), glob) for glob in kinds):
+            return False
         if self.runner is not None and tool["runner"] != self.runner:
             return False
         if self.tier is not None and tool["tier"] != self.tier:
@@ -160,16 +172,16 @@ class When(Strict):
         if self.arguments:
             arguments = document.get("arguments")
             readable = arguments is None or isinstance(arguments, dict)
-            if not (self._arguments_hold(arguments or {}) if readable else restricts):
+            if not (self._arguments_hold(arguments or {}, restricts) if readable else restricts):
                 return False
         if self.agent is not None and not self.agent.holds(document.get("agent") or {}):
             return False
         return self.time is None or self.time.holds(document.get("request") or {})
 
-    def _arguments_hold(self, arguments: dict[str, Any]) -> bool:
+    def _arguments_hold(self, arguments: dict[str, Any], restricts: bool) -> bool:
         for name, test in self.arguments.items():
             present, value = _dotted(arguments, name)
-            if not test.holds(value, present):
+            if not test.holds(value, present, restricts=restricts):
                 return False
         return True
 

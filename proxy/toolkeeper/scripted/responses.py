@@ -1,7 +1,9 @@
 """The scripted model server's Responses API (`POST /v1/responses`), strict as OpenAI's.
 
 It answers the same script steps as Chat Completions (`content`, `tool_calls`,
-`usage`, `when`, `status`/`body`, `raw`, `hang`, `delay`), plus `reasoning`:
+`usage`, `when`, `status`/`body`, `raw`, `hang`, `delay`), plus `items`: output
+items as given, after the calls (a built-in's `shell_call`, `apply_patch_call`,
+...: each must be answered by its own output type), and `reasoning`:
 a summary text, sent as a reasoning item with encrypted content before the
 rest, and `streamed_arguments` (a faulty server: its function call's events
 carry these arguments, its final output the step's). Responses are kept in memory, so `previous_response_id` chains and
@@ -21,8 +23,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-CALLS = ("function_call", "custom_tool_call")
-OUTPUTS = ("function_call_output", "custom_tool_call_output")
+# Each call item type the agent runs, and the output item type that must answer it.
+ANSWERED_BY = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output",
+               "shell_call": "shell_call_output", "local_shell_call": "local_shell_call_output",
+               "apply_patch_call": "apply_patch_call_output", "computer_call": "computer_call_output"}
+CALLS = tuple(ANSWERED_BY)
+OUTPUTS = tuple(ANSWERED_BY.values())
 
 STREAMED = "_streamed_output"  # a step's items as its events show them, when they differ from the output
 
@@ -77,6 +83,8 @@ class ResponsesScript:
             output.append({"id": f"fc_{tag}_{position}", "type": "function_call", "status": "completed",
                            "call_id": call.get("id", f"call_{tag}_{position}"), "name": call["name"],
                            "arguments": arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()})
+        for position, item in enumerate(step.get("items") or []):
+            output.append({"id": f"it_{tag}_{position}", "status": "completed", **item})
         usage = step.get("usage") or {"input_tokens": 10 * len(context), "output_tokens": 5 + 7 * len(output)}
         usage = {"input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0},
                  **usage, "total_tokens": usage["input_tokens"] + usage["output_tokens"]}
@@ -114,13 +122,15 @@ def _check(given: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
                 raise Rejected(f"Duplicate item found with id {item['id']}. Remove duplicate items from your input "
                                "and try again.")
             seen_ids.add(item["id"])
-    calls: list[str] = []
+    calls: dict[str, str] = {}  # call id -> its type
     for position, item in enumerate(items):
         kind = item.get("type")
         if kind in CALLS:
-            calls.append(item.get("call_id"))
+            calls[item.get("call_id")] = kind
         elif kind in OUTPUTS and item.get("call_id") not in calls:
             raise Rejected(f"No tool call found for function call output with call_id {item.get('call_id')}.")
+        elif kind in OUTPUTS and ANSWERED_BY[calls[item["call_id"]]] != kind:
+            raise Rejected(f"A {kind} item cannot answer the {calls[item['call_id']]} {item['call_id']}.")
         elif kind == "reasoning":
             following = items[position + 1] if position + 1 < len(items) else None
             if following is None or following.get("type") == "reasoning":
@@ -166,7 +176,9 @@ def _item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
                   for i in range(0, len(arguments), 7)]
         middle.append({"type": "response.function_call_arguments.done", **at, "arguments": arguments})
         started = {**item, "status": "in_progress", "arguments": ""}
-    else:  # reasoning
+    elif item["type"] != "reasoning":  # another item (a built-in call): announced, then done
+        middle, started = [], {**item, "status": "in_progress"}
+    else:
         text = item["summary"][0]["text"]
         summary = {**at, "summary_index": 0}
         middle = [{"type": "response.reasoning_summary_part.added", **summary,

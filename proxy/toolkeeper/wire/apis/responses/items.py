@@ -6,9 +6,16 @@ model server always gets back the agent's items verbatim:
 
     user/system/developer message        -> {"role": role, "content": ...}
     assistant items in a row: reasoning,
-      message, function_call, custom_tool_call,
+      message, the calls the agent runs,
       item_reference, server tool calls   -> one {"role": "assistant", "content": text, "tool_calls": [...]}
-    function_call_output (and custom)     -> {"role": "tool", "tool_call_id": call_id, "content": output}
+    a call's output item                  -> {"role": "tool", "tool_call_id": call_id, "content": output}
+
+The calls the agent runs (`AGENT_CALLS`) are its function and custom tools and
+the built-ins: `shell_call`, `local_shell_call`, `apply_patch_call`,
+`computer_call`. Each reaches the rules as a call named for its tool
+(`shell`, ...), with the fields the rules read (`action`, `operation`); a
+result toolkeeper gives the model goes back as the output item its type
+expects (`shell_call_output`, an `apply_patch_call_output` that failed, ...).
 
 Grouping a response's items into one assistant message is what lets the
 history recognise what the agent received, whether it resends the items with
@@ -19,6 +26,7 @@ text and the calls (by `call_id`), never an item id.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from toolkeeper.engine import Round, ToolCall
@@ -27,13 +35,35 @@ from toolkeeper.wire.apis.relay import shown_entries
 
 ITEMS = "_items"  # the original items of a neutral message
 CALL_ITEM = "_item"  # the original item of a call
-CALL_TYPES = ("function_call", "custom_tool_call")
-OUTPUT_TYPES = ("function_call_output", "custom_tool_call_output")
+
+
+@dataclass(frozen=True)
+class AgentCall:
+    """One type of call item the agent runs: the tool name the rules see, the item's field they read as the
+    arguments (None: its own `arguments` or `input`), and the output item that answers it."""
+
+    tool: str | None  # None: the item's own `name`
+    reads: str | None
+    output: str
+
+
+AGENT_CALLS = {
+    "function_call": AgentCall(None, None, "function_call_output"),
+    "custom_tool_call": AgentCall(None, None, "custom_tool_call_output"),
+    "shell_call": AgentCall("shell", "action", "shell_call_output"),
+    "local_shell_call": AgentCall("local_shell", "action", "local_shell_call_output"),
+    "apply_patch_call": AgentCall("apply_patch", "operation", "apply_patch_call_output"),
+    "computer_call": AgentCall("computer", "action", "computer_call_output"),
+}
+CALL_TYPES = tuple(AGENT_CALLS)
+OUTPUT_TYPES = tuple(call.output for call in AGENT_CALLS.values())
 INPUT_ROLES = ("user", "system", "developer")
 # Input items the API defines, and the shape each must have (checked before anything is sent).
-REQUIRED = {"function_call": ("call_id", "name"), "function_call_output": ("call_id",),
-            "custom_tool_call": ("call_id", "name"), "custom_tool_call_output": ("call_id",),
-            "item_reference": ("id",), "reasoning": ()}
+REQUIRED = {"function_call": ("call_id", "name"), "custom_tool_call": ("call_id", "name"),
+            **{kind: ("call_id",) for kind in CALL_TYPES if AGENT_CALLS[kind].tool},
+            **{output: ("call_id",) for output in OUTPUT_TYPES}, "item_reference": ("id",), "reasoning": ()}
+BLANK_SCREEN = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8"
+                "AAAAASUVORK5CYII=")  # 1x1: a computer call that did not run has no screen to show
 
 
 def messages_from_input(value: Any, known: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -78,25 +108,57 @@ def item_text(item: dict[str, Any]) -> str:
                    and part.get("type") == "output_text")
 
 
+def call_name(item: dict[str, Any]) -> str:
+    """The tool a call item calls, as the rules name it: a function's own name, or the built-in's (`shell`)."""
+    return AGENT_CALLS[item["type"]].tool or str(item.get("name") or "")
+
+
+def call_arguments(item: dict[str, Any]) -> Any:
+    """What the rules read of a call item: a function's JSON arguments (text), a custom tool's input as
+    {"input": ...}, a built-in's action or operation as {"action": ...}."""
+    reads = AGENT_CALLS[item["type"]].reads
+    if reads is not None:
+        return {reads: item.get(reads)}
+    return item.get("arguments") if item["type"] == "function_call" else {"input": item.get("input")}
+
+
 def call_entry(item: dict[str, Any]) -> dict[str, Any]:
-    arguments = item.get("arguments") if item.get("type") == "function_call" else item.get("input")
-    return {"id": item.get("call_id"), "type": "function",
-            "function": {"name": item.get("name"), "arguments": arguments or ""}}
+    """A call item as the neutral message's call: its text as `ToolCall.arguments_text` writes it."""
+    return ToolCall(item.get("call_id"), call_name(item), call_arguments(item) or "").as_message_entry()
 
 
 def input_from_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Neutral messages back to `input` items: the originals where there are, made ones for what toolkeeper
-    added (the results of declared calls, its own closing words)."""
+    added (the results of declared calls, the refusals of the agent's, its own closing words)."""
     items: list[dict[str, Any]] = []
+    answering: dict[Any, str] = {}  # call id -> the type of the call a result answers
     for message in messages:
         if ITEMS in message:
             items.extend(message[ITEMS])
+            answering.update((item.get("call_id"), item["type"]) for item in message[ITEMS]
+                             if item.get("type") in CALL_TYPES)
         elif message.get("role") == "tool":
-            items.append({"type": "function_call_output", "call_id": message.get("tool_call_id"),
-                          "output": message.get("content") or ""})
+            items += output_items(answering.get(message.get("tool_call_id"), "function_call"),
+                                  message.get("tool_call_id"), str(message.get("content") or ""))
         else:
             items.append({"role": message.get("role"), "content": message.get("content") or ""})
     return items
+
+
+def output_items(kind: str, call_id: Any, text: str) -> list[dict[str, Any]]:
+    """toolkeeper's answer to a call of type `kind` (a declared call's result, a refusal), as the output item
+    that type expects; a computer call, whose output is a screen, gets the words in a developer message."""
+    output = AGENT_CALLS[kind].output
+    if kind == "shell_call":
+        return [{"type": output, "call_id": call_id,
+                 "output": [{"stdout": "", "stderr": text, "outcome": {"type": "exit", "exit_code": 1}}]}]
+    if kind == "apply_patch_call":
+        return [{"type": output, "call_id": call_id, "status": "failed", "output": text}]
+    if kind == "computer_call":
+        return [{"type": output, "call_id": call_id, "output": {"type": "computer_screenshot",
+                                                                "image_url": BLANK_SCREEN}},
+                {"role": "developer", "content": text}]
+    return [{"type": output, "call_id": call_id, "output": text}]
 
 
 def call_id_of(item: dict[str, Any]) -> str:
@@ -107,9 +169,7 @@ def call_id_of(item: dict[str, Any]) -> str:
 def round_from_response(response: dict[str, Any], raw: bytes | None = None) -> Round:
     """One upstream response as the engine's Round."""
     items = [item for item in response.get("output") or [] if isinstance(item, dict)]
-    calls = [ToolCall(call_id_of(item), item.get("name") or "",
-                      item.get("arguments") if item["type"] == "function_call" else item.get("input"),
-                      {CALL_ITEM: item})
+    calls = [ToolCall(call_id_of(item), call_name(item), call_arguments(item), {CALL_ITEM: item}, item["type"])
              for item in items if item.get("type") in CALL_TYPES]
     text = "".join(item_text(item) for item in items)
     status = response.get("status")

@@ -15,7 +15,7 @@ from typing import Any
 
 from toolkeeper.engine import Round
 from toolkeeper.wire.apis.relay import HoldingReader, event_object, round_head
-from toolkeeper.wire.apis.responses.items import CALL_TYPES, call_id_of, round_from_response
+from toolkeeper.wire.apis.responses.items import CALL_TYPES, call_arguments, call_id_of, call_name, round_from_response
 from toolkeeper.wire.errors import MalformedResponse, UpstreamFailed
 
 TERMINAL = ("response.completed", "response.incomplete")
@@ -54,7 +54,7 @@ class ResponsesReader(HoldingReader):
         if kind == "response.output_item.added":
             item = event_object(event, "item")
             call = item.get("type") in CALL_TYPES
-            self.starts(index, holds=item.get("type") == "reasoning", hidden=call and item.get("name") in self.hidden,
+            self.starts(index, holds=item.get("type") == "reasoning", hidden=call and call_name(item) in self.hidden,
                         own_call=call_id_of(item) if call else None)
         if kind == "response.output_item.done":
             self._done[index] = event_object(event, "item")
@@ -78,6 +78,6 @@ class ResponsesReader(HoldingReader):
 
 
 def _calls(items: Any) -> list[tuple[str, Any, Any]]:
-    return [(call_id_of(item), item.get("name"), item.get("arguments", item.get("input")))
+    return [(call_id_of(item), call_name(item), call_arguments(item))
             for item in items if isinstance(item, dict) and item.get("type") in CALL_TYPES]
 
