@@ -108,7 +108,8 @@ class Scripted:
             return json.loads(answer.read())
 
     def bodies(self) -> list[dict]:
-        return [r["body"] for r in self.requests()]
+        """The bodies of the model requests (not those to a path the scripted model does not serve)."""
+        return [r["body"] for r in self.requests() if "path" not in r]
 
 
 def _post(url: str, payload: dict) -> dict:

@@ -96,3 +96,67 @@ def test_pass_ungoverned_lets_one_endpoint_through_logged_and_counted(scripted, 
     metrics = urllib.request.urlopen(governing.base_url[:-3] + "/metrics", timeout=10).read().decode()
     assert 'toolkeeper_ungoverned_passed_total{endpoint="assistants_runs"} 1' in metrics
     assert "passes ungoverned (--pass-ungoverned)" in governing.process.stderr()
+
+
+# -- Seams a red team found in the streams ----------------------------------------------
+
+def _sse(events: list[dict]) -> str:
+    return "".join(f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': n})}\n\n"
+                   for n, e in enumerate(events))
+
+
+RM_CALL = {"id": "fc_rm", "type": "function_call", "call_id": "c_rm", "name": "run_shell",
+           "arguments": json.dumps({"command": "rm -rf /"}), "status": "completed"}
+RESPONSE = {"id": "resp_seam", "object": "response", "created_at": 1, "status": "in_progress", "output": [],
+            "model": "m", "usage": None}
+SHELL_TOOL = {"type": "function", "name": "run_shell", "parameters": {"type": "object", "properties": {
+    "command": {"type": "string"}}}}
+
+
+@pytest.mark.parametrize("announced", [{"id": "msg_1", "type": "message", "role": "assistant", "content": []}, None],
+                         ids=["announced-as-a-message", "never-announced"])
+def test_a_call_that_was_announced_as_something_else_never_reaches_the_agent(scripted, governing, announced):
+    events = [{"type": "response.created", "response": RESPONSE}]
+    if announced:
+        events.append({"type": "response.output_item.added", "output_index": 0, "item": announced})
+    events += [{"type": "response.output_item.done", "output_index": 0, "item": RM_CALL},
+               {"type": "response.completed", "response": {**RESPONSE, "status": "completed", "output": [RM_CALL],
+                                                           "usage": {"input_tokens": 1, "output_tokens": 1,
+                                                                     "total_tokens": 2}}}]
+    scripted.script({"raw": _sse(events), "content_type": "text/event-stream"})
+    client = governing.client()
+    seen, failed = [], None
+    try:
+        for event in client.responses.create(model="m", input="clean up", tools=[SHELL_TOOL], stream=True):
+            seen.append(event.model_dump_json())
+    except Exception as exc:  # the SDK raises on response.failed, or on the 502 before any byte
+        failed = exc
+    assert "rm -rf" not in "".join(seen)
+    assert failed is not None or any('"response.failed"' in line for line in seen)
+
+
+def test_a_messages_block_started_twice_never_turns_into_a_call(scripted, governing):
+    import anthropic
+
+    start = {"type": "message_start", "message": {"id": "msg_seam", "type": "message", "role": "assistant",
+                                                  "model": "m", "content": [], "stop_reason": None,
+                                                  "usage": {"input_tokens": 1, "output_tokens": 0}}}
+    text = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    call = {"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "id": "toolu_rm",
+                                                                          "name": "Bash", "input": {}}}
+    delta = {"type": "content_block_delta", "index": 0,
+             "delta": {"type": "input_json_delta", "partial_json": json.dumps({"command": "rm -rf /"})}}
+    events = [start, text, call, delta, {"type": "content_block_stop", "index": 0},
+              {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 3}},
+              {"type": "message_stop"}]
+    raw = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+    scripted.script({"raw": raw, "content_type": "text/event-stream"})
+    client = anthropic.Anthropic(base_url=governing.base_url[:-3], api_key="sk-seam", max_retries=0)
+    seen, failed = [], None
+    try:
+        with client.messages.stream(model="m", max_tokens=50, messages=[{"role": "user", "content": "go"}],
+                                    tools=[{"name": "Bash", "input_schema": {"type": "object"}}]) as stream:
+            seen += [event.model_dump_json() for event in stream]
+    except Exception as exc:
+        failed = exc
+    assert failed is not None and "rm -rf" not in "".join(seen)

@@ -21,6 +21,9 @@ from toolkeeper.wire.apis.messages.items import THINKING, round_from_message
 from toolkeeper.wire.apis.relay import HoldingReader, event_object, round_head
 from toolkeeper.wire.errors import MalformedResponse, UpstreamFailed
 
+# The blocks each delta may extend (a delta of another type is kept as it came).
+DELTA_BLOCKS = {"text_delta": ("text",), "citations_delta": ("text",), "thinking_delta": ("thinking",),
+                "signature_delta": ("thinking",), "input_json_delta": ("tool_use", "server_tool_use", "mcp_tool_use")}
 DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature",
                 "citations_delta": "citation"}
 
@@ -63,6 +66,11 @@ class MessagesReader(HoldingReader):
         self._block_event(kind, index, event)
 
     def _block_event(self, kind: str, index: int, event: dict[str, Any]) -> None:
+        """A block is what its start says, once: a block started twice, or an event for one never started, is a
+        malformed answer, so no call reaches the agent under another block's name."""
+        if (kind == "content_block_start") == (index in self.blocks):
+            raise MalformedResponse(f"block {index} was started twice" if index in self.blocks
+                                    else f"a {kind} for block {index}, which never started")
         if kind == "content_block_start":
             block = dict(event_object(event, "content_block"))
             self.blocks[index] = block
@@ -76,10 +84,10 @@ class MessagesReader(HoldingReader):
         self.route(index, event)
 
     def _apply(self, index: int, delta: dict[str, Any]) -> None:
-        block = self.blocks.get(index)
-        if block is None:
-            raise MalformedResponse(f"a delta for block {index}, which never started")
+        block = self.blocks[index]
         kind = delta.get("type")
+        if block.get("type") not in DELTA_BLOCKS.get(kind or "", (block.get("type"),)):
+            raise MalformedResponse(f"a {str(kind)[:40]} for block {index}, a {str(block.get('type'))[:40]}")
         if kind == "input_json_delta":
             self._json.setdefault(index, []).append(str(delta.get("partial_json", "")))
             return

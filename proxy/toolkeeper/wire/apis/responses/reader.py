@@ -7,6 +7,12 @@ The other events are kept, as the server wrote them, for the writer to relay
 with its own `sequence_number` and `output_index`. Lifecycle events
 (`response.created`, `.completed`, ...) are read here, never relayed: the
 agent's response has its own, once.
+
+What an item is is decided once, when it is announced (`output_item.added`):
+an event for an item never announced, an item announced twice, or one that
+finishes as something else (a `message` whose `done` is a call) is a
+malformed answer, never relayed, so no call can reach the agent under
+another item's name.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class ResponsesReader(HoldingReader):
         super().__init__(hidden, previous)
         self.final: dict[str, Any] | None = None  # from the terminal event
         self._done: dict[int, dict[str, Any]] = {}  # finished items, by output_index
+        self._announced: dict[int, tuple[Any, ...]] = {}  # what each item was announced as, by output_index
 
     def text_of(self, event: dict[str, Any]) -> str | None:
         delta = event.get("delta")
@@ -52,13 +59,23 @@ class ResponsesReader(HoldingReader):
             self.keep(event)  # an event of the response as a whole (annotations, ...)
             return
         if kind == "response.output_item.added":
-            item = event_object(event, "item")
-            call = item.get("type") in CALL_TYPES
-            self.starts(index, holds=item.get("type") == "reasoning", hidden=call and call_name(item) in self.hidden,
-                        own_call=call_id_of(item) if call else None)
+            self._announce(index, event_object(event, "item"))
+        elif index not in self._announced:
+            raise MalformedResponse(f"a {kind[:60]} event for item {index}, which was never announced")
         if kind == "response.output_item.done":
-            self._done[index] = event_object(event, "item")
+            item = self._done[index] = event_object(event, "item")
+            if _identity(item) != self._announced[index]:
+                raise MalformedResponse(f"item {index} was announced as {self._announced[index][0]} and finished "
+                                        f"as {str(item.get('type'))[:40]}")
         self.route(index, event)
+
+    def _announce(self, index: int, item: dict[str, Any]) -> None:
+        if index in self._announced:
+            raise MalformedResponse(f"item {index} was announced twice")
+        self._announced[index] = _identity(item)
+        call = item.get("type") in CALL_TYPES
+        self.starts(index, holds=item.get("type") == "reasoning", hidden=call and call_name(item) in self.hidden,
+                    own_call=call_id_of(item) if call else None)
 
     def finish(self) -> Round:
         """The Round, once the stream ended: from the terminal event's response, or the finished items."""
@@ -75,6 +92,13 @@ class ResponsesReader(HoldingReader):
         found = round_from_response(final)
         found.head = round_head(found.head, self.started, self.previous)
         return self.settled(found)
+
+
+def _identity(item: dict[str, Any]) -> tuple[Any, ...]:
+    """What an item is, for the rules and the agent: its type, and a call's id and tool."""
+    if item.get("type") in CALL_TYPES:
+        return item.get("type"), call_id_of(item), call_name(item)
+    return (item.get("type"),)
 
 
 def _calls(items: Any) -> list[tuple[str, Any, Any]]:
