@@ -12,16 +12,21 @@ import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import serving, user
+from conftest import fresh, serving, user
 
 WEBSOCKET = {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
              "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
 
 
 @pytest.fixture(scope="module")
-def governing(scripted, agent_dir):
+def governing_server(scripted, agent_dir):
     with serving(scripted, agent_dir, "--pass-ungoverned", "/v1/threads/t-passed") as running:
         yield running
+
+
+@pytest.fixture
+def governing(governing_server):
+    yield from fresh(governing_server)
 
 
 def send(tk, method: str, path: str, body: dict | None = None, headers: dict | None = None) -> tuple[int, dict]:
@@ -151,12 +156,57 @@ def test_a_messages_block_started_twice_never_turns_into_a_call(scripted, govern
               {"type": "message_stop"}]
     raw = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
     scripted.script({"raw": raw, "content_type": "text/event-stream"})
-    client = anthropic.Anthropic(base_url=governing.base_url[:-3], api_key="sk-seam", max_retries=0)
     seen, failed = [], None
-    try:
-        with client.messages.stream(model="m", max_tokens=50, messages=[{"role": "user", "content": "go"}],
-                                    tools=[{"name": "Bash", "input_schema": {"type": "object"}}]) as stream:
-            seen += [event.model_dump_json() for event in stream]
-    except Exception as exc:
-        failed = exc
+    with anthropic.Anthropic(base_url=governing.base_url[:-3], api_key="sk-seam", max_retries=0) as client:
+        try:
+            with client.messages.stream(model="m", max_tokens=50, messages=[{"role": "user", "content": "go"}],
+                                        tools=[{"name": "Bash", "input_schema": {"type": "object"}}]) as stream:
+                seen += [event.model_dump_json() for event in stream]
+        except Exception as exc:
+            failed = exc
     assert failed is not None and "rm -rf" not in "".join(seen)
+
+
+# -- Seams around the stream: background responses, retrieval, the legacy Chat forms ------------
+
+def test_a_background_response_is_refused_with_a_clear_error(scripted, governing):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        governing.client().responses.create(model="m", input="later", background=True)
+    assert refused.value.body["code"] == "background_not_governed"
+
+
+def test_a_retrieved_response_reads_back_as_the_agent_received_it(scripted, governing):
+    """The server's stored response holds the hidden declared call: a retrieve returns what the agent got."""
+    scripted.script({"content": "Looking. ", "tool_calls": [{"name": "lookup", "arguments": {"word": "kelp"},
+                                                            "id": "call_kelp"}]},
+                    {"content": "Kelp is seaweed."})
+    client = governing.client()
+    created = client.responses.create(model="m", input="What is kelp?")
+    assert [item.type for item in created.output] == ["message", "message"]
+    retrieved = client.responses.retrieve(created.id)
+    assert retrieved.model_dump() == created.model_dump()
+    assert "lookup" not in retrieved.model_dump_json()
+
+
+@pytest.mark.parametrize("legacy", [{"functions": [{"name": "run_shell", "parameters": {"type": "object"}}]},
+                                    {"function_call": "auto"}])
+def test_the_legacy_functions_form_is_refused(governing, legacy):
+    status, answer = send(governing, "POST", "/v1/chat/completions", {"model": "m", "messages": user(), **legacy})
+    assert status == 400 and answer["error"]["code"] == "legacy_functions_not_governed"
+
+
+@pytest.mark.parametrize("message", [
+    {"role": "assistant", "content": None, "function_call": {"name": "run_shell", "arguments": "{\"c\": \"rm\"}"}},
+    "second-choice"], ids=["legacy-function-call", "second-choice"])
+def test_an_answer_with_a_call_toolkeeper_would_not_see_is_a_502(scripted, governing, message):
+    first = {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+    calls = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c2", "type": "function", "function": {"name": "run_shell", "arguments": "{\"c\": \"rm -rf /\"}"}}]}
+    choices = ([{"index": 0, "message": message, "finish_reason": "function_call"}] if isinstance(message, dict)
+               else [first, {"index": 1, "message": calls, "finish_reason": "tool_calls"}])
+    scripted.script({"raw": json.dumps({"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+                                        "choices": choices})})
+    status, answer = send(governing, "POST", "/v1/chat/completions", {"model": "m", "messages": user()})
+    assert status == 502 and "rm -rf" not in json.dumps(answer) and "\"rm\"" not in json.dumps(answer)

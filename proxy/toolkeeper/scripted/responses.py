@@ -42,6 +42,7 @@ class Rejected(Exception):
 class ResponsesScript:
     def __init__(self) -> None:
         self.stored: dict[str, dict[str, Any]] = {}  # response id -> {"context": items, "output": items}
+        self.responses: dict[str, dict[str, Any]] = {}  # response id -> the response, for GET /responses/{id}
         self.items: dict[str, dict[str, Any]] = {}  # item id -> item, for item_reference
         self._ids = itertools.count(1)
 
@@ -100,6 +101,7 @@ class ResponsesScript:
                                   if item["type"] == "function_call" else item for item in output]
         if body.get("store", True):
             self.stored[response_id] = {"context": context, "output": output}
+            self.responses[response_id] = response
             self.items.update({item["id"]: item for item in output})
         return response
 

@@ -61,6 +61,7 @@ class ScriptedModel:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/responses", self.responses)
+        app.router.add_get("/v1/responses/{id}", self.stored_response)
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
         app.router.add_get("/v1/models", self.models)
@@ -150,6 +151,14 @@ class ScriptedModel:
                 "Content-Type": step.get("content_type", "application/json")})
         response = self.responses_script.answer(step, body, context)
         return await self.responses_script.reply(request, response, bool(body.get("stream")))
+
+    async def stored_response(self, request: web.Request) -> web.Response:
+        stored = self.responses_script.responses.get(request.match_info["id"])
+        if stored is None:
+            return web.json_response({"error": {"message": f"Response with id '{request.match_info['id']}' not "
+                                                "found.", "type": "invalid_request_error", "param": None,
+                                                "code": None}}, status=404)
+        return web.json_response(stored)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())

@@ -124,13 +124,19 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
 
 
 async def stored_response(request: web.Request) -> web.StreamResponse:
-    """GET /v1/responses/{id}: an id the agent received stands for the last round of its turn."""
+    """GET /v1/responses/{id}: an id the agent received stands for the last round of its turn, and reads back as
+    the agent received it."""
     tenant = credentials_hash(request.headers)
     try:
-        upstream_id = await request.app[RESPONSES_KEY].resolve(tenant, request.match_info["id"])
+        upstream_id, shown = await request.app[RESPONSES_KEY].retrieve(tenant, request.match_info["id"])
     except StoreError as exc:
         return OPENAI.response(store_unavailable(exc))
-    return await passthrough(request, path=f"/responses/{upstream_id}")
+    if shown is None:
+        return await passthrough(request, path=f"/responses/{upstream_id}")
+    if request.query.get("stream", "false") != "false":
+        return OPENAI.refusal(400, "this response is read back whole, as the agent received it: retrieve it "
+                                   "without stream", "stream_not_supported")
+    return web.Response(body=dumps(shown), content_type="application/json")
 
 
 class Probes:

@@ -75,10 +75,12 @@ class ChatCompletions(AgentAPI):
     check = staticmethod(check_request)
 
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
-        if isinstance(body.get("n"), int) and body["n"] > 1 and (
-                self.engine.active_tools(body) or (body.get("tools") and self.engine.handler.policy.governs_agents)):
-            return self.refuse("n > 1 cannot be combined with declared tools or governed tool calls: only the "
-                               "first choice is checked; send n = 1", "n_not_supported")
+        if body.get("functions") is not None or body.get("function_call") is not None:
+            return self.refuse("the legacy `functions` and `function_call` are not governed by toolkeeper: send "
+                               "the same functions as `tools` (and `tool_choice`)", "legacy_functions_not_governed")
+        if isinstance(body.get("n"), int) and body["n"] > 1 and (self.engine.active_tools(body) or body.get("tools")):
+            return self.refuse("n > 1 cannot be combined with tools: every call is decided and recorded, and "
+                               "only the first choice is; send n = 1", "n_not_supported")
         model = ChatModel(upstream_for(request, self.upstream), request.headers, request.query_string)
         events = self.engine.run(body, model, self.context(request, raw))
         if body.get("stream"):

@@ -55,6 +55,10 @@ class ResponsesAPI(AgentAPI):
     check = staticmethod(check_request)
 
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
+        if body.get("background") is True:
+            return self.refuse("background responses are not governed: toolkeeper decides on a response's calls "
+                               "as it arrives, and a background one arrives when nobody waits; send it without "
+                               "background", "background_not_governed")
         context = self.context(request, raw)
         try:
             body = await self._follow_link(context.tenant, body)
@@ -68,7 +72,7 @@ class ResponsesAPI(AgentAPI):
 
         async def keep(result: TurnResult, final: dict[str, Any]) -> None:
             try:
-                await self._link(context.tenant, result, final["id"])
+                await self._link(context.tenant, result, final)
                 if result.exchange and body.get("store") is not False:
                     await self._remember_items(context.tenant, final["output"])
             except StoreError as exc:  # the agent has its answer; a later reference to it will miss
@@ -106,16 +110,20 @@ class ResponsesAPI(AgentAPI):
             if isinstance(item.get("id"), str):
                 await self.store.put_link(digest(tenant, "item", item["id"]), item, LINK_TTL)
 
-    async def _link(self, tenant: str, result: TurnResult, given_id: str | None) -> None:
+    async def _link(self, tenant: str, result: TurnResult, final: dict[str, Any]) -> None:
         # after a mixed round, the results of its declared calls go upstream with the agent's own
         last_call = max((i for i, m in enumerate(result.exchange) if m.get("role") == "assistant"), default=-1)
         owed = input_from_messages(result.exchange[last_call + 1:])
         if result.rounds == 1 and not owed:
-            return  # nothing hidden: the id the agent got is the model server's own
-        await self.store.put_link(digest(tenant, "response", given_id or ""),
-                                  {"last": result.last.head.get("id"), "owed": owed}, LINK_TTL)
+            return  # nothing hidden: the id the agent got is the model server's own, its answer as the agent saw it
+        await self.store.put_link(digest(tenant, "response", final["id"] or ""),
+                                  {"last": result.last.head.get("id"), "owed": owed, "shown": final}, LINK_TTL)
 
-    async def resolve(self, tenant: str, response_id: str) -> str:
-        """An id the agent received, as the model server knows it (for GET /v1/responses/{id})."""
+    async def retrieve(self, tenant: str, response_id: str) -> tuple[str, dict[str, Any] | None]:
+        """GET /v1/responses/{id}: (the id the model server knows, and the response as the agent received it when
+        toolkeeper hid anything of it). The server's stored response holds the hidden and the refused calls: the
+        agent gets back what it got, never those."""
         link = await self.store.get_link(digest(tenant, "response", response_id))
-        return link["last"] if link else response_id
+        if link is None:
+            return response_id, None
+        return link["last"], link.get("shown")
