@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import urllib.request
 
 import pytest
 from agents.computer import Computer
@@ -228,3 +229,24 @@ def test_a_computer_call_asks_and_runs_only_once_approved(scripted, tkb, answer)
 def _answer(tk: Toolkeeper, verb: str) -> None:
     [approval] = waiting(tk)
     assert cli(tk, verb, approval).returncode == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_kind_of_call_toolkeeper_does_not_know_is_denied_counted_and_never_relayed(scripted, tkb, stream):
+    call_id = f"tp_{stream}"
+    scripted.script({"content": "Going. ", "items": [{"type": "teleport_call", "call_id": call_id,
+                                                      "destination": "mars"}]},
+                    {"content": "I could not go."})
+    client = tkb.client()
+    if stream:
+        with client.responses.stream(model="m", input="Go to Mars.") as events:
+            answer = events.get_final_response()
+    else:
+        answer = client.responses.create(model="m", input="Go to Mars.")
+    assert "teleport" not in answer.model_dump_json() and answer.output_text == "Going. I could not go."
+    record = by_call(tkb.directory, call_id)
+    assert (record["tool"], record["status"], record["decision_source"]) == ("teleport_call", "denied", "toolkeeper")
+    told = [item for item in scripted.bodies()[1]["input"] if item.get("role") == "developer"]
+    assert "does not know this kind of call (teleport_call)" in told[0]["content"]
+    metrics = urllib.request.urlopen(tkb.base_url[:-3] + "/metrics", timeout=10).read().decode()
+    assert 'toolkeeper_unknown_calls_total{kind="teleport_call"}' in metrics

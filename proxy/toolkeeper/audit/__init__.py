@@ -7,7 +7,7 @@ It imports nothing of the other layers: the engine hands it an
 from toolkeeper.audit.databases import open_audit, without_password
 from toolkeeper.audit.events import AuditError, DamagedTrail
 from toolkeeper.audit.formats import FORMATS, opa_event, otlp_request
-from toolkeeper.audit.record import STATUSES, AuditEntry, CallStatus, ExecutionRecord, Observer
+from toolkeeper.audit.record import SOURCES, STATUSES, AuditEntry, CallStatus, ExecutionRecord, Observer
 from toolkeeper.audit.redaction import DEFAULT_PATTERNS, REDACTED, Redactor
 from toolkeeper.audit.trail import SQLAudit
 
@@ -15,6 +15,7 @@ __all__ = [
     "DEFAULT_PATTERNS",
     "FORMATS",
     "REDACTED",
+    "SOURCES",
     "STATUSES",
     "AuditEntry",
     "AuditError",

@@ -18,11 +18,13 @@ from pydantic import BaseModel, Field
 
 # The outcome of a call: it ran (ok, failed, timeout), never ran (invalid, denied), its agent left while it ran
 # (cancelled), or toolkeeper stopped while it ran (interrupted); an agent's own call handed to it (forwarded),
-# whose result never came back (unanswered); and "running" while a declared call has not completed.
+# whose result never came back (unanswered); a tool the model server runs, withheld from its offer (withheld)
+# or seen run in an answer (observed); and "running" while a declared call has not completed.
 CallStatus = Literal["ok", "failed", "invalid", "denied", "timeout", "cancelled", "interrupted", "forwarded",
-                     "unanswered"]
+                     "unanswered", "withheld", "observed"]
 EntryStatus = Literal[CallStatus, "running"]
 STATUSES: tuple[str, ...] = get_args(EntryStatus)
+SOURCES = ("declared", "agent", "hosted")  # who runs the call: toolkeeper, the agent, the model server
 
 Phase = Literal["decided", "completed"]
 
@@ -41,7 +43,8 @@ class ExecutionRecord(BaseModel):
     request_id: str = _in("decided", "")
     agent: str = _in("decided", "")  # the agent's listed name, or a short hash of its credentials; never the key
     api: str = _in("decided", "chat")  # the API the agent spoke: chat | responses | messages
-    source: str = _in("decided", "declared")  # declared (toolkeeper ran it) | agent (one of the agent's own tools)
+    source: str = _in("decided", "declared")  # declared (toolkeeper ran it) | agent (the agent's own) | hosted
+    #                                            (the model server's: web search, code interpreter, server tools)
     tool: str = _in("decided", "")
     runner: str = _in("decided", "")
     call_id: str = _in("decided", "")

@@ -11,7 +11,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from toolkeeper.audit import FORMATS, STATUSES, AuditEntry, AuditError, DamagedTrail, SQLAudit, open_audit
+from toolkeeper.audit import FORMATS, SOURCES, STATUSES, AuditEntry, AuditError, DamagedTrail, SQLAudit, open_audit
 from toolkeeper.common import printable
 from toolkeeper.database import is_postgres_url
 
@@ -52,7 +52,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("--tool", help="only calls of this tool")
         sub.add_argument("--status", choices=STATUSES, help="only calls in this state")
         sub.add_argument("--agent", help="only calls of this agent (its name, or the hash the records show)")
-        sub.add_argument("--source", choices=["declared", "agent"],
+        sub.add_argument("--source", choices=SOURCES,
                          help="declared calls (toolkeeper ran them), or the agent's own (passed on or refused)")
         sub.add_argument("--decided-by", dest="decision_source",
                          help="only calls this decided: yolo, tiers, rules, opa, consent, ...")

@@ -43,7 +43,7 @@ from toolkeeper.tools import Agent, AgentFileError, check_call, load_agent_file
 class Call(Strict):
     tool: str
     arguments: dict[str, Any] = Field(default_factory=dict)
-    source: Literal["declared", "agent"] = "declared"  # agent: one of the agent's own tools
+    source: Literal["declared", "agent", "hosted"] = "declared"  # agent: the agent's own; hosted: the server's
     kind: str = "function"  # an agent's call: its type as the model sends it (shell_call, apply_patch_call, ...)
 
 
@@ -87,7 +87,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     explain.add_argument("--at", type=datetime.fromisoformat, help="the time of the call (ISO 8601)")
     explain.add_argument("--agent-id", default="", help="the agent's name or hash, as policies read it")
     explain.add_argument("--agent-header", help="the identity header's value, as policies read agent.header")
-    explain.add_argument("--source", choices=["declared", "agent"], default="declared",
+    explain.add_argument("--source", choices=["declared", "agent", "hosted"], default="declared",
                          help="agent: TOOL is one of the agent's own (Bash, exec_command), not in the agent file")
     explain.add_argument("--kind", default="function",
                          help="with --source agent: the call's type (shell_call, local_shell_call, apply_patch_call, "
@@ -112,9 +112,9 @@ async def evaluate(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, cal
     yolo = agent.config.yolo if situation.yolo is None else situation.yolo
     handler = CallHandler(runners={}, consent=NoConsent(), policy=Policy(yolo, rules, opa))
     turn = TurnContext(agent=situation.agent.get("id", ""), agent_header=situation.agent.get("header"))
-    if call.source == "agent":
+    if call.source != "declared":
         document = handler.document(call.tool, call.arguments, None, turn, interactive=situation.interactive,
-                                    now=situation.at, kind=call.kind)
+                                    now=situation.at, kind=call.kind, source=call.source)
         return document, await handler.policy.decide(document)
     tool = agent.tools.get(call.tool)
     if tool is None:

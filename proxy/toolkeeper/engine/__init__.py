@@ -9,6 +9,7 @@ in-process, for tests. It never imports HTTP.
 
 from toolkeeper.engine.calls import CallContext, CallHandler, Outcome
 from toolkeeper.engine.history import DEFAULT_TTL, History
+from toolkeeper.engine.hosted import HostedTools
 from toolkeeper.engine.loop import MAX_ROUNDS, Engine, tool_name
 from toolkeeper.engine.mock import MockModel, answer
 from toolkeeper.engine.types import (
@@ -31,6 +32,7 @@ __all__ = [
     "Engine",
     "Event",
     "History",
+    "HostedTools",
     "MockModel",
     "Model",
     "Outcome",

@@ -110,13 +110,13 @@ class CallHandler:
 
     def document(self, tool: DeclaredTool | str, arguments: Any, argv: list[str] | None, turn: TurnContext, *,
                  interactive: bool | None = None, now: datetime | None = None, kind: str = "function",
-                 ) -> dict[str, Any]:
-        """The policy input of one call (a declared tool, or the name of one of the agent's own), as every
-        policy source reads it; `interactive` defaults to whether the consent channel can ask."""
+                 source: str = "agent") -> dict[str, Any]:
+        """The policy input of one call (a declared tool, or the name of one of the agent's own or of a hosted
+        one), as every policy source reads it; `interactive` defaults to whether the consent channel can ask."""
         return policy_input(tool, arguments, argv, agent_id=turn.agent, agent_header=turn.agent_header,
                             request_id=turn.request_id, yolo=self.policy.yolo,
                             interactive=self.consent.can_ask if interactive is None else interactive, now=now,
-                            kind=kind)
+                            kind=kind, source=source)
 
     async def handle(self, call: ToolCall, tool: DeclaredTool, context: CallContext, *,
                      truncated: bool = False) -> Outcome:
@@ -138,10 +138,10 @@ class CallHandler:
             if state.attempt is not None:
                 await state.attempt.end()
         record.answer = outcome.answer
-        await self._close(record, outcome)
+        await self.settle(record, outcome)
         return outcome
 
-    async def _close(self, record: ExecutionRecord, outcome: Outcome) -> None:
+    async def settle(self, record: ExecutionRecord, outcome: Outcome) -> None:
         """The record's second event, the log line, and the observers (which must not fail the call)."""
         if self.audit is not None and not outcome.unrecorded:
             try:
@@ -278,7 +278,7 @@ class CallHandler:
         document = self.document(call.name, arguments if arguments is not None else call.arguments_text, None, turn,
                                  kind=call.kind)
         record.policy_input = document
-        decision = await self.policy.decide(document)
+        decision = await self.policy.decide(document) if call.known else self._unknown(call)
         record.decided_by(decision)
         if decision.effect == "ask":
             record.decided_by(await self._ask(state, decision))
@@ -292,8 +292,16 @@ class CallHandler:
             return record.answer
         record.answer = (f"Not run: {call.name} was not allowed ({record.decision_reason}). Do not call it again "
                          "unless the user asks you to; tell the user it was not allowed.")
-        await self._close(record, Outcome(record.answer))
+        await self.settle(record, Outcome(record.answer))
         return record.answer
+
+    def _unknown(self, call: ToolCall) -> Decision:
+        """A kind of call toolkeeper does not know: never passed on, whatever the rules say, and said."""
+        self.metrics.count("toolkeeper_unknown_calls_total", "Calls of a kind toolkeeper does not know, denied.",
+                           kind=call.kind)
+        log.warning("the model made a %s call, a kind toolkeeper does not know: denied", printable(call.kind))
+        return Decision("deny", "toolkeeper", f"toolkeeper does not know this kind of call ({call.kind}), so it "
+                                              "cannot be governed and was not passed on")
 
     async def _write_forwarded(self, record: ExecutionRecord, turn: TurnContext) -> bool:
         if self.audit is not None:

@@ -25,6 +25,7 @@ from typing import Any
 from toolkeeper.engine.calls import CallContext, CallHandler, Outcome
 from toolkeeper.engine.discovery import Discovery
 from toolkeeper.engine.history import History
+from toolkeeper.engine.hosted import HostedTools
 from toolkeeper.engine.types import Event, Model, Round, ToolCall, TurnContext, TurnResult, Visible, Working, add_usage
 from toolkeeper.metrics import Metrics
 from toolkeeper.store import StoreError
@@ -117,6 +118,7 @@ class Engine:
     def __init__(self, agent: Agent, handler: CallHandler, *, history: History | None = None,
                  max_rounds: int = MAX_ROUNDS, metrics: Metrics | None = None):
         self.handler = handler  # one call's path: declared calls run, the agent's own governed
+        self.hosted = HostedTools(handler)  # the tools the model server runs: on the offer, and observed
         self.history = history
         self.max_rounds = max_rounds
         self.metrics = metrics
@@ -176,6 +178,8 @@ class Engine:
                     yield event
             if last is None:
                 raise RuntimeError("the model adapter ended a round without a result")
+            for observed in last.observed:
+                await self.hosted.observe(observed, context)
             answered = _Answered([], "", [])
             async for event in self._answer(last, turn, discovery, active, offered):
                 if isinstance(event, _Answered):

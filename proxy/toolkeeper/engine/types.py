@@ -21,6 +21,7 @@ class ToolCall:
     arguments: Any  # the raw text as streamed, or an object (llama.cpp, a built-in call's action)
     extra: dict[str, Any] = field(default_factory=dict)  # other fields, kept verbatim
     kind: str = "function"  # the call's type as the model sent it: a built-in's item type (`shell_call`, ...)
+    known: bool = True  # False: a type of call toolkeeper does not know, never passed on
 
     @property
     def arguments_text(self) -> str:
@@ -51,6 +52,9 @@ class Round:
     # The agent's own calls as the server streamed them (call id, native events), held back until the rules have
     # decided: the writer relays, at the turn's end, those of the last round that went through.
     held: list[tuple[str, list[Any]]] = field(default_factory=list)
+    # Calls the model server ran itself within this answer (web search, code interpreter, server tools), for the
+    # record: `tool.source: hosted`, `kind` the item or block type, `extra["output"]` what they gave.
+    observed: list[ToolCall] = field(default_factory=list)
 
     def assistant_message(self, calls: list[ToolCall] | None = None) -> dict[str, Any]:
         """The message to put back into the history, with the given calls."""

@@ -31,13 +31,15 @@ WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 def policy_input(tool: DeclaredTool | str, arguments: Any, argv: list[str] | None, *, agent_id: str = "",
                  agent_header: str | None = None, request_id: str = "", yolo: bool = False,
-                 interactive: bool = False, now: datetime | None = None, kind: str = "function") -> dict[str, Any]:
+                 interactive: bool = False, now: datetime | None = None, kind: str = "function",
+                 source: str = "agent") -> dict[str, Any]:
     """The one document every policy source reads. `tool`: a declared tool, or the name of one of the agent's
-    own (`tool.source: agent`: its arguments as sent, no argv, no tier); `kind`: the call's type as the model
-    sent it (`function`, or a built-in's item type: `shell_call`, `apply_patch_call`, ...)."""
+    own (`tool.source: agent`: its arguments as sent, no argv, no tier) or of one the model server runs
+    (`hosted`); `kind`: the call's type as the model sent it (`function`, or a built-in's item type:
+    `shell_call`, `apply_patch_call`, ..., or a hosted tool's: `web_search`, `web_search_20250305`, ...)."""
     now = now or datetime.now().astimezone()
     if isinstance(tool, str):
-        described = {"name": tool, "source": "agent", "kind": kind, "tier": None, "runner": None,
+        described = {"name": tool, "source": source, "kind": kind, "tier": None, "runner": None,
                      "visibility": None}
     else:
         described = {"name": tool.name, "source": "declared", "kind": "function", "tier": tool.spec.tier,
@@ -56,6 +58,8 @@ def policy_input(tool: DeclaredTool | str, arguments: Any, argv: list[str] | Non
 def tier_decision(document: dict[str, Any]) -> Decision:
     if document["tool"].get("source") == "agent":  # the agent's own: its own consent, unless a rule says otherwise
         return Decision("allow", "default", "no rule matched this call of the agent's own tool")
+    if document["tool"].get("source") == "hosted":  # offered by the agent, run by the model server
+        return Decision("allow", "default", "no rule matched this tool the model server runs")
     if document["tool"]["tier"] == "silent":
         return Decision("allow", "tier", "silent tools never ask")
     if document["mode"]["yolo"]:

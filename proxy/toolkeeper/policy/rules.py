@@ -141,7 +141,7 @@ def _globs(value: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
 
 class When(Strict):
     tool: str | tuple[str, ...] | None = None
-    source: Literal["declared", "agent"] | None = None  # a declared tool, or one of the agent's own
+    source: Literal["declared", "agent", "hosted"] | None = None  # a declared tool, the agent's own, the server's
     kind: str | tuple[str, ...] | None = None  # the call's type, a glob: function, shell_call, apply_patch_call
     runner: Literal["argv", "wasm"] | None = None
     tier: Literal["gated", "silent"] | None = None

@@ -90,6 +90,7 @@ class MessagesScript:
             arguments = call.get("arguments", {})
             content.append({"type": "tool_use", "id": call.get("id", f"toolu_{tag}_{position}"), "name": call["name"],
                             "input": orjson.loads(arguments) if isinstance(arguments, str) else arguments})
+        content += step.get("blocks") or []  # blocks as given: a server tool's call and its result, ...
         stop = step.get("stop_reason", "tool_use" if step.get("tool_calls") else "end_turn")
         usage = {"input_tokens": 10 * len(body.get("messages") or []), "output_tokens": 5 + 7 * len(content),
                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, **(step.get("usage") or {})}
@@ -127,6 +128,8 @@ def _block_events(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
         opened = {"type": "thinking", "thinking": "", "signature": ""}
         deltas = [{"type": "thinking_delta", "thinking": block["thinking"]},
                   {"type": "signature_delta", "signature": block["signature"]}]
+    elif "input" not in block:  # a result block (web_search_tool_result, ...): whole at its start
+        opened, deltas = block, []
     else:
         opened = {**block, "input": {}}
         arguments = orjson.dumps(block["input"]).decode()

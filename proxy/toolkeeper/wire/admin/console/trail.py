@@ -21,11 +21,10 @@ from typing import Any
 
 from aiohttp import web
 
-from toolkeeper.audit import STATUSES, AuditEntry, SQLAudit
+from toolkeeper.audit import SOURCES, STATUSES, AuditEntry, SQLAudit
 from toolkeeper.wire.admin.console.layout import csrf_field, field, link, options, page, show, when
 
 PRESETS = {"1h": 3600, "24h": 86400, "7d": 604800, "30d": 2592000}
-SOURCES = ("declared", "agent")
 CHOICES = ("tool", "decision_source", "rule", "approver", "header")  # filters offered as a list of what is there
 TEXTS = ("agent", "search", "request_id")
 EXPORTS = {"jsonl": "application/x-ndjson", "csv": "text/csv"}

@@ -16,6 +16,7 @@ from toolkeeper.wire.apis.base import AgentAPI
 from toolkeeper.wire.apis.messages.items import (
     anthropic_tool,
     check_request,
+    hosted_tool,
     messages_from_anthropic,
     neutral_tool_choice,
     visible_blocks,
@@ -34,13 +35,17 @@ class MessagesAPI(AgentAPI):
     check = staticmethod(check_request)
 
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
+        context = self.context(request, raw)
+        for key in ("tools", "mcp_servers"):  # server tools, the MCP connector: offered only as the rules allow
+            if isinstance(body.get(key), list):
+                body = {**body, key: await self.offered(body[key], hosted_tool, context)}
         neutral: dict[str, Any] = {"messages": messages_from_anthropic(body["messages"])}
         if "tools" in body:
             neutral["tools"] = body["tools"]
         if "tool_choice" in body:
             neutral["tool_choice"] = neutral_tool_choice(body["tool_choice"])
         model = MessagesModel(upstream_for(request, self.upstream), request.headers, body, request.query_string)
-        events = self.engine.run(neutral, model, self.context(request, raw))
+        events = self.engine.run(neutral, model, context)
         if body.get("stream"):
             return await MessagesWriter(request, self.keepalive).relay(events)
         return await self.whole(events, lambda result, relayed: final_message(result, whole_output(

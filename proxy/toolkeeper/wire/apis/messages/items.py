@@ -27,6 +27,9 @@ MESSAGE = "_message"  # a neutral message's original message, when it maps whole
 AFTER_RESULTS = "_after_results"  # the rest of a user message whose tool_result blocks came first
 CALL_BLOCK = "_block"  # the original block of a call
 THINKING = ("thinking", "redacted_thinking")
+# The tools Anthropic's servers run (server tools): their types begin so, with a date after (web_search_20250305).
+SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_")
+SERVER_CALLS = ("server_tool_use", "mcp_tool_use")  # their calls in an answer; a block with the call's id follows
 ROLES = ("user", "assistant", "system")
 
 
@@ -94,6 +97,26 @@ def anthropic_from_messages(neutral: list[dict[str, Any]]) -> list[dict[str, Any
     return out
 
 
+def hosted_tool(entry: dict[str, Any]) -> tuple[str, str] | None:
+    """A tool entry Anthropic's servers run (a server tool), or an MCP connector server, as (its name for the
+    rules, its kind); None for the agent's own."""
+    kind = str(entry.get("type") or "")
+    if kind.startswith(SERVER_TOOLS):
+        return str(entry.get("name") or kind.rsplit("_", 1)[0]), kind
+    if kind == "url" and "name" in entry:  # an `mcp_servers` entry
+        return f"mcp__{entry['name']}__*", "mcp_server"
+    return None
+
+
+def observed_calls(blocks: list[dict[str, Any]]) -> list[ToolCall]:
+    """The calls the server ran within its answer, each with the result block that answers it."""
+    results = {block.get("tool_use_id"): block.get("content") for block in blocks if "tool_use_id" in block}
+    return [ToolCall(str(block.get("id") or ""), f"mcp__{block.get('server_name')}__{block.get('name')}"
+                     if block["type"] == "mcp_tool_use" else str(block.get("name") or ""), block.get("input"),
+                     {"output": results.get(block.get("id"))}, block["type"])
+            for block in blocks if block.get("type") in SERVER_CALLS]
+
+
 def round_from_message(message: dict[str, Any], raw: bytes | None = None) -> Round:
     blocks = [b for b in message.get("content") or [] if isinstance(b, dict)]
     calls = [ToolCall(b.get("id") or "", b.get("name") or "", b.get("input", {}), {CALL_BLOCK: b})
@@ -103,13 +126,15 @@ def round_from_message(message: dict[str, Any], raw: bytes | None = None) -> Rou
     head = {"id": message.get("id"), "model": message.get("model"),
             "message": {k: v for k, v in message.items() if k not in ("content", "usage")}}
     text = assistant_message(blocks).get("content")
-    return Round(head, {"content": text, BLOCKS: blocks}, calls, finish, message.get("usage"), raw=raw)
+    found = Round(head, {"content": text, BLOCKS: blocks}, calls, finish, message.get("usage"), raw=raw)
+    found.observed = observed_calls(blocks)
+    return found
 
 
 def visible_blocks(blocks: list[dict[str, Any]], hidden: set[str], allowed: set[str] | None = None,
                    ) -> list[dict[str, Any]]:
     """The blocks the agent may see (`relay.shown_entries`): thinking travels with the block it precedes."""
-    return shown_entries(blocks, hidden, allowed, held=THINKING, call_types=("tool_use",),
+    return shown_entries(blocks, hidden, allowed, held=THINKING, is_call=lambda block: block.get("type") == "tool_use",
                          id_of=lambda block: str(block.get("id") or ""))
 
 

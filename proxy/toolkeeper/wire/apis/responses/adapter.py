@@ -30,6 +30,7 @@ from toolkeeper.wire.apis.base import AgentAPI
 from toolkeeper.wire.apis.relay import whole_output
 from toolkeeper.wire.apis.responses.items import (
     check_request,
+    hosted_tool,
     input_from_messages,
     messages_from_input,
     said_item,
@@ -61,6 +62,8 @@ class ResponsesAPI(AgentAPI):
                                "background", "background_not_governed")
         context = self.context(request, raw)
         try:
+            if isinstance(body.get("tools"), list):
+                body = {**body, "tools": await self.offered(body["tools"], hosted_tool, context)}
             body = await self._follow_link(context.tenant, body)
             referenced = await self._referenced(context.tenant, body["input"])
         except StoreError as exc:

@@ -56,6 +56,16 @@ AGENT_CALLS = {
     "computer_call": AgentCall("computer", "action", "computer_call_output"),
 }
 CALL_TYPES = tuple(AGENT_CALLS)
+# The tools the model server runs itself: a tool entry's type -> the tool's name for the rules.
+HOSTED_TOOLS = {"web_search": "web_search", "web_search_preview": "web_search",
+                "web_search_preview_2025_03_11": "web_search", "file_search": "file_search",
+                "code_interpreter": "code_interpreter", "image_generation": "image_generation"}
+# Their calls in an answer: item type -> (the tool's name, the fields the rules read, the field holding the output).
+HOSTED_CALLS = {"web_search_call": ("web_search", ("action",), None),
+                "file_search_call": ("file_search", ("queries",), "results"),
+                "code_interpreter_call": ("code_interpreter", ("code", "container_id"), "outputs"),
+                "image_generation_call": ("image_generation", (), "result"),
+                "mcp_call": (None, ("server_label", "name", "arguments"), "output")}
 OUTPUT_TYPES = tuple(call.output for call in AGENT_CALLS.values())
 INPUT_ROLES = ("user", "system", "developer")
 # Input items the API defines, and the shape each must have (checked before anything is sent).
@@ -109,13 +119,28 @@ def item_text(item: dict[str, Any]) -> str:
 
 
 def call_name(item: dict[str, Any]) -> str:
-    """The tool a call item calls, as the rules name it: a function's own name, or the built-in's (`shell`)."""
-    return AGENT_CALLS[item["type"]].tool or str(item.get("name") or "")
+    """The tool a call item calls, as the rules name it: a function's own name, or the built-in's (`shell`); a
+    call of a kind toolkeeper does not know goes by its name, or its type."""
+    known = AGENT_CALLS.get(item["type"])
+    return (known.tool if known else None) or str(item.get("name") or item["type"])
+
+
+def is_call(item: dict[str, Any]) -> bool:
+    """A call the agent would run: one toolkeeper governs, or one of a kind it does not know (denied)."""
+    return item.get("type") in CALL_TYPES or unknown_call(item)
+
+
+def unknown_call(item: dict[str, Any]) -> bool:
+    """An output item that is a call toolkeeper does not know (a newer built-in): it is denied, never relayed."""
+    kind = str(item.get("type") or "")
+    return kind.endswith("_call") and kind not in AGENT_CALLS and kind not in HOSTED_CALLS
 
 
 def call_arguments(item: dict[str, Any]) -> Any:
     """What the rules read of a call item: a function's JSON arguments (text), a custom tool's input as
-    {"input": ...}, a built-in's action or operation as {"action": ...}."""
+    {"input": ...}, a built-in's action or operation as {"action": ...}; an unknown kind's fields as they came."""
+    if item["type"] not in AGENT_CALLS:
+        return {key: value for key, value in item.items() if key not in ("id", "type", "status", "call_id")}
     reads = AGENT_CALLS[item["type"]].reads
     if reads is not None:
         return {reads: item.get(reads)}
@@ -135,8 +160,7 @@ def input_from_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for message in messages:
         if ITEMS in message:
             items.extend(message[ITEMS])
-            answering.update((item.get("call_id"), item["type"]) for item in message[ITEMS]
-                             if item.get("type") in CALL_TYPES)
+            answering.update((call_id_of(item), item["type"]) for item in message[ITEMS] if is_call(item))
         elif message.get("role") == "tool":
             items += output_items(answering.get(message.get("tool_call_id"), "function_call"),
                                   message.get("tool_call_id"), str(message.get("content") or ""))
@@ -148,6 +172,8 @@ def input_from_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def output_items(kind: str, call_id: Any, text: str) -> list[dict[str, Any]]:
     """toolkeeper's answer to a call of type `kind` (a declared call's result, a refusal), as the output item
     that type expects; a computer call, whose output is a screen, gets the words in a developer message."""
+    if kind not in AGENT_CALLS:  # a kind toolkeeper does not know: its output type by the API's naming, and words
+        return [{"type": f"{kind}_output", "call_id": call_id, "output": text}, {"role": "developer", "content": text}]
     output = AGENT_CALLS[kind].output
     if kind == "shell_call":
         return [{"type": output, "call_id": call_id,
@@ -166,23 +192,43 @@ def call_id_of(item: dict[str, Any]) -> str:
     return str(item.get("call_id") or item.get("id") or "")
 
 
+def hosted_tool(entry: dict[str, Any]) -> tuple[str, str] | None:
+    """A tool entry the model server runs itself, as (its name for the rules, its kind); None for the agent's."""
+    kind = entry.get("type")
+    if kind == "mcp":
+        return f"mcp__{entry.get('server_label')}__*", kind
+    return (HOSTED_TOOLS[kind], kind) if kind in HOSTED_TOOLS else None
+
+
+def observed_call(item: dict[str, Any]) -> ToolCall:
+    """A call the model server ran within its answer, for the record."""
+    name, reads, output = HOSTED_CALLS[item["type"]]
+    if name is None:  # a hosted MCP server's tool, named as Claude Code names MCP tools
+        name = f"mcp__{item.get('server_label')}__{item.get('name')}"
+    return ToolCall(str(item.get("id") or ""), name, {key: item.get(key) for key in reads},
+                    {"output": item.get(output) if output else None}, item["type"])
+
+
 def round_from_response(response: dict[str, Any], raw: bytes | None = None) -> Round:
     """One upstream response as the engine's Round."""
     items = [item for item in response.get("output") or [] if isinstance(item, dict)]
-    calls = [ToolCall(call_id_of(item), call_name(item), call_arguments(item), {CALL_ITEM: item}, item["type"])
-             for item in items if item.get("type") in CALL_TYPES]
+    calls = [ToolCall(call_id_of(item), call_name(item), call_arguments(item), {CALL_ITEM: item}, item["type"],
+                      known=item["type"] in CALL_TYPES)
+             for item in items if is_call(item)]
     text = "".join(item_text(item) for item in items)
     status = response.get("status")
     finish = "tool_calls" if calls else ("length" if status == "incomplete" else "stop")
     head = {"id": response.get("id"), "created_at": response.get("created_at"), "model": response.get("model"),
             "response": {k: v for k, v in response.items() if k not in ("output", "usage")}}
-    return Round(head, {"content": text or None, ITEMS: items}, calls, finish, response.get("usage"), raw=raw)
+    found = Round(head, {"content": text or None, ITEMS: items}, calls, finish, response.get("usage"), raw=raw)
+    found.observed = [observed_call(item) for item in items if item.get("type") in HOSTED_CALLS]
+    return found
 
 
 def visible_items(items: list[dict[str, Any]], hidden: set[str], allowed: set[str] | None = None,
                   ) -> list[dict[str, Any]]:
     """The items the agent may see (`relay.shown_entries`): a reasoning item travels with the item it precedes."""
-    return shown_entries(items, hidden, allowed, held=("reasoning",), call_types=CALL_TYPES, id_of=call_id_of)
+    return shown_entries(items, hidden, allowed, held=("reasoning",), is_call=is_call, id_of=call_id_of)
 
 
 def said_item(text: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from toolkeeper.engine import Round
 from toolkeeper.wire.apis.relay import HoldingReader, event_object, round_head
-from toolkeeper.wire.apis.responses.items import CALL_TYPES, call_arguments, call_id_of, call_name, round_from_response
+from toolkeeper.wire.apis.responses.items import call_arguments, call_id_of, call_name, is_call, round_from_response
 from toolkeeper.wire.errors import MalformedResponse, UpstreamFailed
 
 TERMINAL = ("response.completed", "response.incomplete")
@@ -73,7 +73,7 @@ class ResponsesReader(HoldingReader):
         if index in self._announced:
             raise MalformedResponse(f"item {index} was announced twice")
         self._announced[index] = _identity(item)
-        call = item.get("type") in CALL_TYPES
+        call = is_call(item)
         self.starts(index, holds=item.get("type") == "reasoning", hidden=call and call_name(item) in self.hidden,
                     own_call=call_id_of(item) if call else None)
 
@@ -96,12 +96,12 @@ class ResponsesReader(HoldingReader):
 
 def _identity(item: dict[str, Any]) -> tuple[Any, ...]:
     """What an item is, for the rules and the agent: its type, and a call's id and tool."""
-    if item.get("type") in CALL_TYPES:
+    if is_call(item):
         return item.get("type"), call_id_of(item), call_name(item)
     return (item.get("type"),)
 
 
 def _calls(items: Any) -> list[tuple[str, Any, Any]]:
     return [(call_id_of(item), call_name(item), call_arguments(item))
-            for item in items if isinstance(item, dict) and item.get("type") in CALL_TYPES]
+            for item in items if isinstance(item, dict) and is_call(item)]
 

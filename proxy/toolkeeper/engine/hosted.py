@@ -1,0 +1,69 @@
+"""The tools the model server runs itself: decided on the offer, recorded as observed.
+
+    the agent offers web search (a server tool, hosted MCP, ...) -> the rules decide before the request leaves:
+        allow: offered as it is     deny, ask: withheld from the request, recorded `withheld` with the rule
+    the answer holds a call the server ran -> recorded `observed`: its arguments, its output's size and digest
+
+The server runs such a call inside one answer, so no call of it can be
+stopped on its own. A rule that reads its arguments cannot be told them
+before it runs: for the offer its arguments are unknown, so a deny or ask
+rule with argument tests counts as matching (the tool is withheld whole),
+and an allow rule with them does not.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from toolkeeper.audit import ExecutionRecord
+from toolkeeper.common import canonical_json, sha256_hex
+from toolkeeper.engine.calls import CallHandler, Outcome
+from toolkeeper.engine.types import ToolCall, TurnContext
+from toolkeeper.policy import Decision
+
+log = logging.getLogger("toolkeeper")
+
+UNKNOWN_ARGUMENTS = "(not known before the model server runs it)"  # not an object: argument tests cannot hold
+
+
+class HostedTools:
+    def __init__(self, handler: CallHandler):
+        self.handler = handler
+
+    async def offer(self, name: str, kind: str, config: Any, turn: TurnContext) -> bool:
+        """Whether a tool the model server runs may be offered in this request; one withheld is recorded."""
+        handler = self.handler
+        document = handler.document(name, UNKNOWN_ARGUMENTS, None, turn, kind=kind, source="hosted")
+        decision = await handler.policy.decide(document)
+        if decision.effect == "allow":
+            return True
+        if decision.effect == "ask":  # nobody can be asked per call: the server runs them all at once
+            decision = Decision("deny", decision.source, f"{decision.reason} (a tool the model server runs cannot "
+                                "wait for a person's answer per call, so it was not offered)", decision.rule_id,
+                                decision.revision)
+        record = self._record(name, kind, config, turn, "withheld", f"{kind}:{name}")
+        record.policy_input = document
+        record.decided_by(decision)
+        record.answer = f"withheld from the request: {decision.reason}"
+        await handler.settle(record, Outcome(record.answer))
+        self.handler.metrics.count("toolkeeper_hosted_tools_withheld_total", "Tools the model server runs, "
+                                   "withheld from a request by the rules.", kind=kind)
+        return False
+
+    async def observe(self, call: ToolCall, turn: TurnContext) -> None:
+        """A call the model server ran within an answer: recorded with what it gave."""
+        record = self._record(call.name, call.kind, call.arguments, turn, "observed", call.id)
+        output = call.extra.get("output")
+        if output is not None:
+            text = output if isinstance(output, str) else canonical_json(output).decode()
+            record.output_bytes, record.output_sha256 = len(text.encode()), sha256_hex(text.encode())
+        record.decided_by(Decision("allow", "hosted", "run by the model server, within its answer"))
+        await self.handler.settle(record, Outcome(""))  # one event: the server had run it before anyone knew
+
+    def _record(self, name: str, kind: str, arguments: Any, turn: TurnContext, status: str,
+                call_id: str) -> ExecutionRecord:
+        return ExecutionRecord(request_id=turn.request_id, agent=turn.agent, api=turn.api, tool=name, runner="",
+                               call_id=call_id, arguments_sent=arguments, source="hosted", status=status,
+                               policy_revision=self.handler.policy.revision,
+                               agent_revision=turn.agent_revision or None)
