@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from toolkeeper.audit import AuditError, ExecutionRecord, Observer, Redactor, SQLAudit
-from toolkeeper.common import canonical_json, digest, printable, sha256_hex
+from toolkeeper.common import canonical_json, digest, printable
 from toolkeeper.engine.memo import Attempt, RetryMemo
 from toolkeeper.engine.types import ToolCall, TurnContext
 from toolkeeper.metrics import Metrics
@@ -60,7 +60,7 @@ class Outcome:
 
 
 @dataclass
-class _Call:
+class CallState:
     """One call on its way through the steps: what each step found, for the next."""
 
     call: ToolCall
@@ -80,7 +80,7 @@ class _Call:
         return self.tool.name
 
 
-Step = Callable[[_Call], Awaitable[Outcome | None]]
+Step = Callable[[CallState], Awaitable[Outcome | None]]
 
 
 class CallHandler:
@@ -98,7 +98,6 @@ class CallHandler:
         self.metrics = metrics or Metrics()
         self.waiting = 0  # calls waiting for a person's answer now
         self.redactor = audit.redactor if audit is not None else Redactor()
-        self._swept = time.monotonic()  # when forwarded calls were last looked at for `unanswered`
         # The steps in order; each answers, or returns None to go on. The run comes last.
         self.steps: tuple[Step, ...] = (self._detect_loop, self._check, self._replay, self._decide, self._record)
 
@@ -125,7 +124,7 @@ class CallHandler:
                                  runner=tool.spec.runner, call_id=call.id, arguments_sent=call.arguments,
                                  status="invalid", policy_revision=self.policy.revision,
                                  agent_revision=context.turn.agent_revision or None)
-        state = _Call(call, tool, context, record, truncated)
+        state = CallState(call, tool, context, record, truncated)
         outcome = None
         try:
             for step in self.steps:
@@ -147,7 +146,7 @@ class CallHandler:
             try:
                 await self.audit.write("completed" if outcome.ran else "refused", record)
             except AuditError as exc:
-                self._audit_failed()
+                self.audit_failed()
                 log.error("the audit trail lost the outcome of %s (record %s): %s", record.tool, record.record_id,
                           exc)
         why = f": {outcome.detail}" if outcome.detail else ""
@@ -161,7 +160,7 @@ class CallHandler:
 
     # -- the steps --------------------------------------------------------------------
 
-    async def _detect_loop(self, state: _Call) -> Outcome | None:
+    async def _detect_loop(self, state: CallState) -> Outcome | None:
         state.arguments, _ = parse_arguments(state.call.arguments, truncated=state.truncated)
         shown = canonical_json(state.arguments).decode() if state.arguments is not None else state.call.arguments_text
         state.signature = state.name + "\x00" + shown
@@ -183,7 +182,7 @@ class CallHandler:
             "have and say what went wrong."
         )
 
-    async def _check(self, state: _Call) -> Outcome | None:
+    async def _check(self, state: CallState) -> Outcome | None:
         checked = check_call(state.tool, state.call.arguments, truncated=state.truncated)
         if checked.values is not None:
             state.values = state.record.arguments = checked.values
@@ -192,7 +191,7 @@ class CallHandler:
         state.argv = state.record.argv = checked.argv
         return None
 
-    async def _replay(self, state: _Call) -> Outcome | None:
+    async def _replay(self, state: CallState) -> Outcome | None:
         """A retried request (the openai client retries twice by default) gets the result of the call it ran,
         wherever it ran; while that attempt still runs, the retry waits for it."""
         request_key = state.context.turn.request_key
@@ -211,13 +210,13 @@ class CallHandler:
         state.record.answer, state.record.status = replayed
         return Outcome(replayed[0])
 
-    async def _decide(self, state: _Call) -> Outcome | None:
+    async def _decide(self, state: CallState) -> Outcome | None:
         document = self.document(state.tool, state.values, state.argv, state.context.turn)
         state.record.policy_input = document
         decision = await self.policy.decide(document)
         state.record.decided_by(decision)
         if decision.effect == "ask":
-            state.record.decided_by(await self._ask(state, decision))
+            state.record.decided_by(await self.ask(state, decision))
         if state.record.decision == "allow":
             return None
         state.record.status = "denied"
@@ -226,21 +225,21 @@ class CallHandler:
             "the user asks you to; tell the user it was not allowed."
         )
 
-    async def _record(self, state: _Call) -> Outcome | None:
+    async def _record(self, state: CallState) -> Outcome | None:
         """No record, no run."""
         if self.audit is None:
             return None
         try:
             await self.audit.write("decided", state.record)
         except AuditError as exc:
-            self._audit_failed()
+            self.audit_failed()
             log.error("%s not run: %s", state.name, exc)
             state.record.status = "failed"
             return Outcome(f"Not run: {state.name} could not be recorded in the audit trail, and nothing runs "
                            f"unrecorded ({exc}). Tell the user; do not retry.", unrecorded=True)
         return None
 
-    async def _run(self, state: _Call) -> Outcome:
+    async def _run(self, state: CallState) -> Outcome:
         record = state.record
         if state.attempt is not None:
             state.attempt.started()
@@ -261,104 +260,9 @@ class CallHandler:
             await state.attempt.finish(answer, record.status)
         return Outcome(answer, ran=True, detail=detail)
 
-    # -- the agent's own calls ----------------------------------------------------------
-
-    async def govern(self, call: ToolCall, context: CallContext) -> str | None:
-        """One of the agent's own calls, under the same rules and consent: None when it may go to the agent
-        (recorded `forwarded`), else the answer the model gets in its place (recorded `denied`)."""
-        turn = context.turn
-        arguments, _ = parse_arguments(call.arguments)
-        record = ExecutionRecord(request_id=turn.request_id, agent=turn.agent, api=turn.api, tool=call.name,
-                                 runner="", call_id=call.id, arguments_sent=call.arguments, arguments=arguments,
-                                 source="agent", status="denied", policy_revision=self.policy.revision,
-                                 agent_revision=turn.agent_revision or None)
-        # what an approver sees and an approval is bound to: the arguments, or their text when not an object
-        values = arguments if isinstance(arguments, dict) else {"arguments": call.arguments_text}
-        state = _Call(call, None, context, record, False, values=values)  # type: ignore[arg-type]
-        document = self.document(call.name, arguments if arguments is not None else call.arguments_text, None, turn,
-                                 kind=call.kind)
-        record.policy_input = document
-        decision = await self.policy.decide(document) if call.known else self._unknown(call)
-        record.decided_by(decision)
-        if decision.effect == "ask":
-            record.decided_by(await self._ask(state, decision))
-        if record.decision == "allow":
-            record.status = "forwarded"
-            if await self._write_forwarded(record, turn):
-                return None
-            record.status, record.decision = "denied", "deny"  # no record, no call: as for a declared tool
-            record.answer = (f"Not run: {call.name} could not be recorded in the audit trail, so it was not "
-                             "passed on. Tell the user; it may work again later.")
-            return record.answer
-        record.answer = (f"Not run: {call.name} was not allowed ({record.decision_reason}). Do not call it again "
-                         "unless the user asks you to; tell the user it was not allowed.")
-        await self.settle(record, Outcome(record.answer))
-        return record.answer
-
-    def _unknown(self, call: ToolCall) -> Decision:
-        """A kind of call toolkeeper does not know: never passed on, whatever the rules say, and said."""
-        self.metrics.count("toolkeeper_unknown_calls_total", "Calls of a kind toolkeeper does not know, denied.",
-                           kind=call.kind)
-        log.warning("the model made a %s call, a kind toolkeeper does not know: denied", printable(call.kind))
-        return Decision("deny", "toolkeeper", f"toolkeeper does not know this kind of call ({call.kind}), so it "
-                                              "cannot be governed and was not passed on")
-
-    async def _write_forwarded(self, record: ExecutionRecord, turn: TurnContext) -> bool:
-        if self.audit is not None:
-            try:
-                await self.audit.write("forwarded", record)
-            except AuditError as exc:
-                self._audit_failed()
-                log.error("the audit trail could not record the agent's call of %s: %s", record.tool, exc)
-                return False
-        if self.store is not None:
-            # kept until the result comes: redacted, as the trail has it (no secret waits in the store)
-            try:
-                await self.store.put_link(digest(turn.tenant, "forwarded", record.call_id),
-                                          self.redactor.apply(record).model_dump(mode="json"), self.forwarded_ttl)
-            except StoreError as exc:  # the call goes on; its record will stay `forwarded`
-                log.error("the agent's call of %s is forwarded, but its result cannot be awaited: %s", record.tool,
-                          exc)
-        for observer in self.observers:
-            observer(record)
-        return True
-
-    async def collect(self, turn: TurnContext, messages: list[dict[str, Any]]) -> None:
-        """The results the agent sends back for its forwarded calls complete their records; the calls whose
-        result never came within `forwarded_ttl` are closed `unanswered`."""
-        if self.store is None or self.audit is None:
-            return
-        for message in messages:
-            if not isinstance(message, dict) or message.get("role") != "tool":
-                continue
-            # taken: a replayed history completes nothing twice
-            stored = await self.store.take_link(digest(turn.tenant, "forwarded", str(message.get("tool_call_id"))))
-            if stored is None:
-                continue
-            record = ExecutionRecord.model_validate(stored)
-            output = message.get("content")
-            text = output if isinstance(output, str) else canonical_json(output).decode()
-            record.status, record.answer = "ok", text[:ANSWER_EXCERPT]
-            record.output_bytes, record.output_sha256 = len(text.encode()), sha256_hex(text.encode())
-            await self._complete(record)
-        if time.monotonic() - self._swept > min(SWEEP_EVERY, self.forwarded_ttl):
-            self._swept = time.monotonic()
-            for stored in await self.store.take_expired_links():
-                if stored.get("source") == "agent" and stored.get("status") == "forwarded":
-                    record = ExecutionRecord.model_validate(stored)
-                    record.status, record.answer = "unanswered", "(the agent never sent this call's result back)"
-                    await self._complete(record)
-
-    async def _complete(self, record: ExecutionRecord) -> None:
-        try:
-            await self.audit.write("completed", record)  # type: ignore[union-attr]
-        except AuditError as exc:
-            self._audit_failed()
-            log.error("the audit trail lost the result of %s: %s", record.tool, exc)
-
     # -- helpers ----------------------------------------------------------------------
 
-    def _audit_failed(self) -> None:
+    def audit_failed(self) -> None:
         self.metrics.count("toolkeeper_audit_write_failures_total", "Audit events that could not be written (the "
                            "call was then refused, or its outcome lost).")
 
@@ -371,7 +275,7 @@ class CallHandler:
         if self.audit is not None:
             self.audit.write_later("completed", record)
 
-    async def _ask(self, state: _Call, asking: Decision) -> Decision:
+    async def ask(self, state: CallState, asking: Decision) -> Decision:
         started = time.monotonic()
         turn = state.context.turn
         arguments, argv = self.redactor.shown(state.values, state.argv)  # what a person and the log may see

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolkeeper.engine.agents import AgentCalls
 from toolkeeper.engine.calls import CallContext, CallHandler, Outcome
 from toolkeeper.engine.discovery import Discovery
 from toolkeeper.engine.history import History
@@ -118,6 +119,7 @@ class Engine:
     def __init__(self, agent: Agent, handler: CallHandler, *, history: History | None = None,
                  max_rounds: int = MAX_ROUNDS, metrics: Metrics | None = None):
         self.handler = handler  # one call's path: declared calls run, the agent's own governed
+        self.agent_calls = AgentCalls(handler)  # the calls the agent runs: the same rules, consent and record
         self.hosted = HostedTools(handler)  # the tools the model server runs: on the offer, and observed
         self.history = history
         self.max_rounds = max_rounds
@@ -153,7 +155,7 @@ class Engine:
         active, schemas, index = self.active_tools(request), self.schemas, self.index
         context.agent_revision = self.agent.revision
         agent_messages = list(request.get("messages") or [])
-        await self.handler.collect(context, _trailing_results(agent_messages))
+        await self.agent_calls.collect(context, _trailing_results(agent_messages))
         messages = await self.history.restore(context.tenant, agent_messages) if self.history else agent_messages
         agent_tools = list(request.get("tools") or [])
         discovery = Discovery(index, active, {tool_name(t) for t in agent_tools}, messages)
@@ -235,7 +237,7 @@ class Engine:
                 continue
             if self.handler.policy.governs_agents:  # the agent's own call, under the same rules
                 yield Working(call.name, turn.head)  # an approver may be asked: keep the agent's connection alive
-            refusal = await self.handler.govern(call, turn.call_context)
+            refusal = await self.agent_calls.govern(call, turn.call_context)
             if refusal is not None:
                 answers[call.id] = refusal
         results = [{"role": "tool", "tool_call_id": c.id, "content": answers[c.id]} for c in last.tool_calls

@@ -22,6 +22,10 @@ class ToolCall:
     extra: dict[str, Any] = field(default_factory=dict)  # other fields, kept verbatim
     kind: str = "function"  # the call's type as the model sent it: a built-in's item type (`shell_call`, ...)
     known: bool = True  # False: a type of call toolkeeper does not know, never passed on
+    source: str = "agent"  # agent: the agent runs it; hosted: the model server does, once it is answered
+    # toolkeeper's own answer when the rules allow the call and it is not the agent's to answer (an approval the
+    # agent did not ask to give): the call then goes to the model in a hidden round, never to the agent
+    answer_if_allowed: str | None = None
 
     @property
     def arguments_text(self) -> str:
