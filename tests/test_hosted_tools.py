@@ -108,3 +108,118 @@ def test_anthropics_server_tool_calls_are_recorded_and_the_mcp_connector_governe
     assert (observed["tool"], observed["status"]) == ("web_fetch", "observed")
     assert observed["arguments_sent"] == {"url": "https://example.com"} and observed["output_bytes"] > 0
     assert any(r["tool"] == "mcp__github__*" and r["status"] == "withheld" for r in found)
+
+
+# -- Hosted MCP on the Responses API: every call asks first, and the rules answer ---------------
+
+MCP_RULES = """
+rules:
+  - id: no-repo-deletes
+    effect: deny
+    reason: Repositories are not deleted by agents.
+    when: {source: hosted, tool: "mcp__github__delete_*"}
+"""
+
+
+@pytest.fixture(scope="module")
+def tkm(scripted, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("hosted-mcp")
+    write_agent(directory, STANDARD_AGENT)
+    (directory / "rules.yaml").write_text(MCP_RULES)
+    process = start_toolkeeper(directory / "agent.yaml", scripted.base_url, "--policy", str(directory / "rules.yaml"),
+                               "--audit", str(directory / "audit.sqlite3"), "--store", ":memory:")
+    tk = Toolkeeper(process, directory)
+    yield tk
+    tk.close_clients()
+    process.stop()
+
+
+def approval_request(request_id: str, name: str, arguments: dict) -> dict:
+    return {"type": "mcp_approval_request", "id": request_id, "server_label": "github", "name": name,
+            "arguments": json.dumps(arguments)}
+
+
+def mcp_agent(tk: Toolkeeper, prompt: str, *, require_approval: str = "never", on_approval=None) -> tuple[str, list]:
+    """The Agents SDK with a HostedMCPTool, through toolkeeper: its final output and the items it saw."""
+    import asyncio
+
+    from agents import Agent, HostedMCPTool, Runner, set_default_openai_client, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+
+    async def run() -> tuple[str, list]:
+        async with AsyncOpenAI(base_url=tk.base_url, api_key="sk-mcp", max_retries=0) as client:
+            set_default_openai_client(client, use_for_tracing=False)
+            tool = HostedMCPTool(tool_config={"type": "mcp", "server_label": "github",
+                                              "server_url": "https://mcp.example/github",
+                                              "require_approval": require_approval},
+                                 on_approval_request=on_approval)
+            result = await Runner.run(Agent(name="ops", instructions="Help.", tools=[tool]), prompt)
+            return result.final_output, [item.type for item in result.new_items]
+
+    return asyncio.run(run())
+
+
+def test_a_hosted_mcp_call_the_rules_deny_is_declined_and_never_reaches_the_agent(scripted, tkm):
+    scripted.script({"items": [approval_request("mcpr_del", "delete_repo", {"repo": "core"})]},
+                    {"content": "I may not delete it."})
+    output, seen = mcp_agent(tkm, "Delete the core repository.")
+    assert output == "I may not delete it." and "mcp_approval_request_item" not in seen
+    first, second = scripted.bodies()
+    assert first["tools"][0]["require_approval"] == "always"  # every call asks, so the rules decide
+    answered = next(i for i in second["input"] if i.get("type") == "mcp_approval_response")
+    assert (answered["approval_request_id"], answered["approve"]) == ("mcpr_del", False)
+    assert "Repositories are not deleted" in answered["reason"]
+    record = next(r for r in hosted_records(tkm) if r["call_id"] == "mcpr_del")
+    assert (record["tool"], record["status"], record["decision_rule"]) == ("mcp__github__delete_repo", "denied",
+                                                                          "no-repo-deletes")
+
+
+def test_an_allowed_hosted_mcp_call_is_approved_by_toolkeeper_and_recorded_with_its_output(scripted, tkm):
+    scripted.script({"items": [approval_request("mcpr_list", "list_repos", {"org": "acme"})]},
+                    {"content": "There are two.", "items": [
+                        {"type": "mcp_call", "id": "mcp_list", "server_label": "github", "name": "list_repos",
+                         "arguments": json.dumps({"org": "acme"}), "output": "core, docs",
+                         "approval_request_id": "mcpr_list"}]})
+    output, _ = mcp_agent(tkm, "List the repositories.")
+    assert output == "There are two."
+    answered = next(i for i in scripted.bodies()[1]["input"] if i.get("type") == "mcp_approval_response")
+    assert answered["approve"] is True
+    found = {r["call_id"]: r for r in hosted_records(tkm)}
+    assert found["mcpr_list"]["status"] == "ok"  # approved by the rules
+    assert (found["mcp_list"]["status"], found["mcp_list"]["tool"]) == ("observed", "mcp__github__list_repos")
+    assert found["mcp_list"]["output_bytes"] == len("core, docs")
+
+
+def test_an_agent_that_approves_itself_still_sees_the_requests_the_rules_allow(scripted, tkm):
+    asked: list[str] = []
+
+    def approve(request):
+        asked.append(request.data.name)
+        return {"approve": True}
+
+    scripted.script({"items": [approval_request("mcpr_read", "read_file", {"path": "README.md"})]},
+                    {"content": "Read it.", "items": [
+                        {"type": "mcp_call", "id": "mcp_read", "server_label": "github", "name": "read_file",
+                         "arguments": json.dumps({"path": "README.md"}), "output": "# readme",
+                         "approval_request_id": "mcpr_read"}]})
+    output, seen = mcp_agent(tkm, "Read the README.", require_approval="always", on_approval=approve)
+    assert output == "Read it." and asked == ["read_file"]
+    assert next(r for r in hosted_records(tkm) if r["call_id"] == "mcpr_read")["status"] == "ok"  # its answer came
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_messages_block_of_a_call_toolkeeper_does_not_know_is_refused(scripted, tkh, stream):
+    scripted.script({"content": "Teleporting.", "blocks": [
+        {"type": "teleport_tool_use", "id": "tp_1", "name": "teleport", "input": {"to": "mars"}}]})
+    with anthropic.Anthropic(base_url=tkh.base_url[:-3], api_key="sk-hosted", max_retries=0) as client:
+        with pytest.raises(anthropic.APIError) as refused:
+            if stream:
+                with client.messages.stream(model="m", max_tokens=50, messages=[{"role": "user", "content": "go"}]) \
+                        as events:
+                    for _ in events:
+                        pass
+            else:
+                client.messages.create(model="m", max_tokens=50, messages=[{"role": "user", "content": "go"}])
+    assert "does not know" in str(refused.value)

@@ -125,8 +125,11 @@ def _check(given: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
                                "and try again.")
             seen_ids.add(item["id"])
     calls: dict[str, str] = {}  # call id -> its type
+    approvals = {item.get("id") for item in items if item.get("type") == "mcp_approval_request"}
     for position, item in enumerate(items):
         kind = item.get("type")
+        if kind == "mcp_approval_response" and item.get("approval_request_id") not in approvals:
+            raise Rejected(f"No approval request found with id {item.get('approval_request_id')}.")
         if kind in CALLS:
             calls[item.get("call_id")] = kind
         elif kind in OUTPUTS and item.get("call_id") not in calls:

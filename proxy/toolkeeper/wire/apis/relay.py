@@ -190,6 +190,10 @@ class RelayingModel:
     def round_of(self, answer: dict[str, Any], raw: bytes | None) -> Round:
         raise NotImplementedError
 
+    def prepared(self, found: Round) -> Round:
+        """A round's calls as the engine is to decide on them (what the agent's request says of them)."""
+        return found
+
     async def round(self, body: dict[str, Any], *, hidden: frozenset[str],
                     previous: Round | None) -> AsyncIterator[Visible | Round]:
         payload = dumps(self.request(body, previous))
@@ -197,7 +201,7 @@ class RelayingModel:
             async with self.upstream.post(self.api.path, payload, self.headers, self.query) as response:
                 if is_event_stream(response):
                     async for event in read_relayed(response, self.api.reader(hidden, previous)):
-                        yield event
+                        yield self.prepared(event) if isinstance(event, Round) else event
                 else:
                     for event in self._whole(await read_whole(response), hidden, previous):
                         yield event
@@ -208,7 +212,7 @@ class RelayingModel:
         answer = json_object(raw, self.api.answer)
         if not isinstance(answer.get(self.api.listed, []), list):
             raise MalformedResponse(f"{self.api.answer} without its {self.api.listed} list")
-        found = self.round_of(answer, raw if not (self.streaming or hidden) else None)
+        found = self.prepared(self.round_of(answer, raw if not (self.streaming or hidden) else None))
         found.head = round_head(found.head, answer, previous)
         shown = () if self.streaming else tuple(self.api.items(found.message[self.api.kept_in], set(hidden), None))
         text = found.message.get("content")

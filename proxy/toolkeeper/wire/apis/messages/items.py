@@ -21,6 +21,7 @@ import orjson
 
 from toolkeeper.engine import Round, ToolCall
 from toolkeeper.wire.apis.relay import shown_entries
+from toolkeeper.wire.errors import MalformedResponse
 
 BLOCKS = "_blocks"  # a neutral message's original content blocks
 MESSAGE = "_message"  # a neutral message's original message, when it maps whole
@@ -117,8 +118,18 @@ def observed_calls(blocks: list[dict[str, Any]]) -> list[ToolCall]:
             for block in blocks if block.get("type") in SERVER_CALLS]
 
 
+def check_block(block: dict[str, Any]) -> None:
+    """A block that is a call of a kind toolkeeper does not know (a `*_use` block it cannot answer): the whole
+    answer is refused, never passed on."""
+    kind = str(block.get("type") or "")
+    if kind.endswith("_use") and kind not in ("tool_use", *SERVER_CALLS):
+        raise MalformedResponse(f"a {kind[:40]} block, a kind of call toolkeeper does not know and cannot govern")
+
+
 def round_from_message(message: dict[str, Any], raw: bytes | None = None) -> Round:
     blocks = [b for b in message.get("content") or [] if isinstance(b, dict)]
+    for block in blocks:
+        check_block(block)
     calls = [ToolCall(b.get("id") or "", b.get("name") or "", b.get("input", {}), {CALL_BLOCK: b})
              for b in blocks if b.get("type") == "tool_use"]
     stop = message.get("stop_reason")

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from toolkeeper.engine import Round
-from toolkeeper.wire.apis.messages.items import THINKING, round_from_message
+from toolkeeper.wire.apis.messages.items import THINKING, check_block, round_from_message
 from toolkeeper.wire.apis.relay import HoldingReader, event_object, round_head
 from toolkeeper.wire.errors import MalformedResponse, UpstreamFailed
 
@@ -73,6 +73,7 @@ class MessagesReader(HoldingReader):
                                     else f"a {kind} for block {index}, which never started")
         if kind == "content_block_start":
             block = dict(event_object(event, "content_block"))
+            check_block(block)
             self.blocks[index] = block
             call = block.get("type") == "tool_use"
             self.starts(index, holds=block.get("type") in THINKING, hidden=call and block.get("name") in self.hidden,

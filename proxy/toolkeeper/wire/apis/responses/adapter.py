@@ -36,7 +36,7 @@ from toolkeeper.wire.apis.responses.items import (
     said_item,
     visible_items,
 )
-from toolkeeper.wire.apis.responses.model import ENGINE_KEYS, ResponsesModel
+from toolkeeper.wire.apis.responses.model import ENGINE_KEYS, ResponsesModel, forced_approvals
 from toolkeeper.wire.apis.responses.writer import ResponsesWriter, final_response
 from toolkeeper.wire.errors import store_unavailable
 from toolkeeper.wire.upstream import upstream_for
@@ -70,7 +70,11 @@ class ResponsesAPI(AgentAPI):
             return self.errors.response(store_unavailable(exc))
         neutral = {"messages": messages_from_input(body["input"], referenced),
                    **{key: body[key] for key in ENGINE_KEYS if key in body}}
-        model = ResponsesModel(upstream_for(request, self.upstream), request.headers, body, request.query_string)
+        mcp_servers: dict[str, dict[str, Any]] = {}
+        if isinstance(neutral.get("tools"), list):  # a hosted MCP server asks before each call, so the rules decide
+            neutral["tools"], mcp_servers = forced_approvals(neutral["tools"])
+        model = ResponsesModel(upstream_for(request, self.upstream), request.headers, body, request.query_string,
+                               mcp_servers=mcp_servers)
         events = self.engine.run(neutral, model, context)
 
         async def keep(result: TurnResult, final: dict[str, Any]) -> None:

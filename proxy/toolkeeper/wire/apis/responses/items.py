@@ -90,6 +90,9 @@ def messages_from_input(value: Any, known: dict[str, dict[str, Any]] | None = No
         elif kind in OUTPUT_TYPES:
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": item.get("output"),
                              ITEMS: [item]})
+        elif kind == "mcp_approval_response":  # the agent's own answer to a hosted MCP call it was asked about
+            messages.append({"role": "tool", "tool_call_id": item.get("approval_request_id"), ITEMS: [item],
+                             "content": "approved" if item.get("approve") else f"denied: {item.get('reason') or ''}"})
         else:  # what a response produced: grouped while they follow each other
             if not messages or messages[-1]["role"] != "assistant":
                 messages.append({"role": "assistant", "content": None, ITEMS: []})
@@ -119,15 +122,34 @@ def item_text(item: dict[str, Any]) -> str:
 
 
 def call_name(item: dict[str, Any]) -> str:
-    """The tool a call item calls, as the rules name it: a function's own name, or the built-in's (`shell`); a
-    call of a kind toolkeeper does not know goes by its name, or its type."""
+    """The tool a call item calls, as the rules name it: a function's own name, or the built-in's (`shell`), a
+    hosted MCP server's tool as `mcp__<server_label>__<tool>`; a call of a kind toolkeeper does not know goes by
+    its name, or its type."""
+    if item["type"] == APPROVAL:
+        return f"mcp__{item.get('server_label')}__{item.get('name')}"
     known = AGENT_CALLS.get(item["type"])
     return (known.tool if known else None) or str(item.get("name") or item["type"])
 
 
+APPROVAL = "mcp_approval_request"  # a hosted MCP server's call, asking before the model server runs it
+APPROVED = "Approved by toolkeeper: the rules allow this call."  # the answer that approves one
+
+
 def is_call(item: dict[str, Any]) -> bool:
-    """A call the agent would run: one toolkeeper governs, or one of a kind it does not know (denied)."""
-    return item.get("type") in CALL_TYPES or unknown_call(item)
+    """A call to decide on: one the agent runs, a hosted MCP server's approval request, or one of a kind
+    toolkeeper does not know (denied)."""
+    return item.get("type") in CALL_TYPES or item.get("type") == APPROVAL or unknown_call(item)
+
+
+def wants_approval(tool: dict[str, Any], name: str) -> bool:
+    """Whether the agent asked to approve a hosted MCP server's call of `name` itself (`require_approval`, whose
+    default is "always")."""
+    asked = tool.get("require_approval", "always")
+    if isinstance(asked, dict):
+        never = (asked.get("never") or {}).get("tool_names") or []
+        always = (asked.get("always") or {}).get("tool_names")
+        return name not in never and (always is None or name in always)
+    return asked != "never"
 
 
 def unknown_call(item: dict[str, Any]) -> bool:
@@ -139,6 +161,8 @@ def unknown_call(item: dict[str, Any]) -> bool:
 def call_arguments(item: dict[str, Any]) -> Any:
     """What the rules read of a call item: a function's JSON arguments (text), a custom tool's input as
     {"input": ...}, a built-in's action or operation as {"action": ...}; an unknown kind's fields as they came."""
+    if item["type"] == APPROVAL:
+        return item.get("arguments")
     if item["type"] not in AGENT_CALLS:
         return {key: value for key, value in item.items() if key not in ("id", "type", "status", "call_id")}
     reads = AGENT_CALLS[item["type"]].reads
@@ -172,6 +196,10 @@ def input_from_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def output_items(kind: str, call_id: Any, text: str) -> list[dict[str, Any]]:
     """toolkeeper's answer to a call of type `kind` (a declared call's result, a refusal), as the output item
     that type expects; a computer call, whose output is a screen, gets the words in a developer message."""
+    if kind == APPROVAL:  # toolkeeper's answer to a hosted MCP call's approval request
+        approved = text == APPROVED
+        return [{"type": "mcp_approval_response", "approval_request_id": call_id, "approve": approved,
+                 **({} if approved else {"reason": text})}]
     if kind not in AGENT_CALLS:  # a kind toolkeeper does not know: its output type by the API's naming, and words
         return [{"type": f"{kind}_output", "call_id": call_id, "output": text}, {"role": "developer", "content": text}]
     output = AGENT_CALLS[kind].output
@@ -193,10 +221,9 @@ def call_id_of(item: dict[str, Any]) -> str:
 
 
 def hosted_tool(entry: dict[str, Any]) -> tuple[str, str] | None:
-    """A tool entry the model server runs itself, as (its name for the rules, its kind); None for the agent's."""
+    """A tool entry the model server runs itself and that cannot be asked per call, as (its name for the rules,
+    its kind); None for the agent's, and for a hosted MCP server (each of its calls asks first: model.py)."""
     kind = entry.get("type")
-    if kind == "mcp":
-        return f"mcp__{entry.get('server_label')}__*", kind
     return (HOSTED_TOOLS[kind], kind) if kind in HOSTED_TOOLS else None
 
 
@@ -213,7 +240,8 @@ def round_from_response(response: dict[str, Any], raw: bytes | None = None) -> R
     """One upstream response as the engine's Round."""
     items = [item for item in response.get("output") or [] if isinstance(item, dict)]
     calls = [ToolCall(call_id_of(item), call_name(item), call_arguments(item), {CALL_ITEM: item}, item["type"],
-                      known=item["type"] in CALL_TYPES)
+                      known=item["type"] in (*CALL_TYPES, APPROVAL),
+                      source="hosted" if item["type"] == APPROVAL else "agent")
              for item in items if is_call(item)]
     text = "".join(item_text(item) for item in items)
     status = response.get("status")

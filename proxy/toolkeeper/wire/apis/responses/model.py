@@ -14,11 +14,15 @@ from typing import Any
 from toolkeeper.engine import Round
 from toolkeeper.wire.apis.relay import Relayed, RelayingModel
 from toolkeeper.wire.apis.responses.items import (
+    APPROVAL,
+    APPROVED,
+    CALL_ITEM,
     ITEMS,
     flat_tool,
     input_from_messages,
     round_from_response,
     visible_items,
+    wants_approval,
 )
 from toolkeeper.wire.apis.responses.reader import ResponsesReader
 from toolkeeper.wire.errors import UpstreamFailed
@@ -30,6 +34,20 @@ CHAIN_KEYS = ("previous_response_id", "conversation")
 
 class ResponsesModel(RelayingModel):
     api = Relayed("/responses", "a response", "output", ITEMS, ResponsesReader, visible_items)
+
+    def __init__(self, *args: Any, mcp_servers: dict[str, dict[str, Any]] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.mcp_servers = mcp_servers or {}  # the agent's hosted MCP tools as it sent them, by server label
+
+    def prepared(self, found: Round) -> Round:
+        """A hosted MCP call the agent did not ask to approve is toolkeeper's to approve, when the rules allow it
+        (every such call asks first: `forced_approvals`)."""
+        for call in found.tool_calls:
+            item = call.extra.get(CALL_ITEM) or {}
+            if call.kind == APPROVAL and not wants_approval(self.mcp_servers.get(item.get("server_label"), {}),
+                                                             str(item.get("name"))):
+                call.answer_if_allowed = APPROVED
+        return found
 
     def request(self, neutral: dict[str, Any], previous: Round | None) -> dict[str, Any]:
         out = {k: v for k, v in self.body.items() if k not in (*ENGINE_KEYS, *CHAIN_KEYS, "input")}
@@ -58,3 +76,12 @@ class ResponsesModel(RelayingModel):
 def _after_last_answer(messages: list[dict[str, Any]]) -> int:
     """Where the messages after the model's last answer begin: the results of the round before."""
     return next((i + 1 for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), 0)
+
+
+def forced_approvals(tools: list[Any]) -> tuple[list[Any], dict[str, dict[str, Any]]]:
+    """The tools as the model server gets them, every hosted MCP server asking before each call (so that the
+    rules decide on it), and the agent's own MCP tools by server label (what it asked to approve itself)."""
+    servers = {tool.get("server_label"): tool for tool in tools if isinstance(tool, dict) and tool.get("type") == "mcp"}
+    forced = [{**tool, "require_approval": "always"} if isinstance(tool, dict) and tool.get("type") == "mcp" else tool
+              for tool in tools]
+    return forced, servers
