@@ -204,7 +204,7 @@ def test_an_agent_that_approves_itself_still_sees_the_requests_the_rules_allow(s
                         {"type": "mcp_call", "id": "mcp_read", "server_label": "github", "name": "read_file",
                          "arguments": json.dumps({"path": "README.md"}), "output": "# readme",
                          "approval_request_id": "mcpr_read"}]})
-    output, seen = mcp_agent(tkm, "Read the README.", require_approval="always", on_approval=approve)
+    output, _ = mcp_agent(tkm, "Read the README.", require_approval="always", on_approval=approve)
     assert output == "Read it." and asked == ["read_file"]
     assert next(r for r in hosted_records(tkm) if r["call_id"] == "mcpr_read")["status"] == "ok"  # its answer came
 
@@ -213,13 +213,13 @@ def test_an_agent_that_approves_itself_still_sees_the_requests_the_rules_allow(s
 def test_a_messages_block_of_a_call_toolkeeper_does_not_know_is_refused(scripted, tkh, stream):
     scripted.script({"content": "Teleporting.", "blocks": [
         {"type": "teleport_tool_use", "id": "tp_1", "name": "teleport", "input": {"to": "mars"}}]})
-    with anthropic.Anthropic(base_url=tkh.base_url[:-3], api_key="sk-hosted", max_retries=0) as client:
-        with pytest.raises(anthropic.APIError) as refused:
-            if stream:
-                with client.messages.stream(model="m", max_tokens=50, messages=[{"role": "user", "content": "go"}]) \
-                        as events:
-                    for _ in events:
-                        pass
-            else:
-                client.messages.create(model="m", max_tokens=50, messages=[{"role": "user", "content": "go"}])
+    asked = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "go"}]}
+    with anthropic.Anthropic(base_url=tkh.base_url[:-3], api_key="sk-hosted", max_retries=0) as client, \
+            pytest.raises(anthropic.APIError) as refused:
+        if stream:
+            with client.messages.stream(**asked) as events:
+                for _ in events:
+                    pass
+        else:
+            client.messages.create(**asked)
     assert "does not know" in str(refused.value)

@@ -1,4 +1,4 @@
-"""What the audit trail and the store both need of a PostgreSQL server: a leaf, imported lazily.
+"""What the audit trail and the store both need of their databases: a leaf, imported lazily.
 
 Every connection waits at most `CONNECT_WAIT` seconds to open and `wait`
 seconds for a statement or a lock, and has TCP keep-alives, so a server that
@@ -11,9 +11,24 @@ import contextlib
 import os
 import re
 import socket
+import time
 from typing import Any
 
 CONNECT_WAIT = 2
+
+
+def write_ahead(db: Any, wait: float) -> None:
+    """Put a SQLite file in WAL mode. Workers opening one new file at once: the switch may answer "database is
+    locked" at once, without the busy wait (SQLite's deadlock guard), so it is tried again until `wait` is up."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except Exception as exc:  # sqlite3.OperationalError: not imported here, the PostgreSQL side needs none
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def is_postgres_url(location: object) -> bool:

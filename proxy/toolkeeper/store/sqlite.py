@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from toolkeeper.database import write_ahead
 from toolkeeper.store.base import SQLStore, StoreError
 from toolkeeper.store.schema import migrate
 
@@ -27,9 +28,9 @@ class SQLiteStore(SQLStore):
         super().__init__()
         self.location = str(path)
         self._db = sqlite3.connect(self.location, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(f"PRAGMA busy_timeout={BUSY_WAIT}")
+        write_ahead(self._db, BUSY_WAIT / 1000)
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._lock = threading.Lock()
         try:
             self._migrate()
