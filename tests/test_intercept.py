@@ -229,6 +229,13 @@ def test_codex_at_its_vendor_url_through_the_proxy(scripted, intercepted, tmp_pa
     assert ["lookup", "sound"] in ran(intercepted.directory)
 
 
+CODEX_RULES = """
+rules:
+  - id: codex-no-rm-rf
+    effect: deny
+    reason: Recursive deletes are not allowed here.
+    when: {source: agent, tool: exec_command, arguments: {cmd: {matches: 'rm\\s+-rf'}}}
+"""
 BUILT_IN_PROVIDER = """
 model = "gpt-5.5"
 approval_policy = "never"
@@ -248,13 +255,18 @@ def test_codex_with_its_built_in_provider_falls_back_from_websockets_through_the
     from test_codex import CODEX
 
     write_agent(tmp_path, AGENT)
-    running = Intercept(tmp_path, "--map", f"api.openai.com={scripted.base_url}")
+    (tmp_path / "rules.yaml").write_text(CODEX_RULES)
+    victim = tmp_path / "keep"
+    victim.mkdir()
+    running = Intercept(tmp_path, "--map", f"api.openai.com={scripted.base_url}", "--", "--policy",
+                        str(tmp_path / "rules.yaml"))
     try:
         home = tmp_path / "home"
         (home / ".codex").mkdir(parents=True)
         (home / ".codex" / "config.toml").write_text(BUILT_IN_PROVIDER)
         scripted.script({"content": "Let me look it up.", "tool_calls": [call("lookup", {"word": "wave"})]},
-                        {"content": "Found: {tool_result}"})
+                        {"tool_calls": [call("exec_command", {"cmd": f"rm -rf {victim}"}, "codex_rm")]},
+                        {"content": "Found: a wave; and I was not allowed to delete it."})
         env = {"PATH": os.environ["PATH"], "HOME": str(home), "CODEX_HOME": str(home / ".codex"),
                "OPENAI_API_KEY": "sk-codex-own", "NO_COLOR": "1", **running.variables}
         run = subprocess.run([str(CODEX), "exec", "--skip-git-repo-check", "--json", "What is a wave?"],
@@ -266,8 +278,8 @@ def test_codex_with_its_built_in_provider_falls_back_from_websockets_through_the
     messages = [e["item"]["text"] for e in map(json.loads, filter(lambda line: line.startswith("{"),
                                                                  run.stdout.splitlines()))
                 if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"]
-    assert messages[-1].strip() == 'Found: ran ["lookup", "wave"]'
-    assert ran(tmp_path) == [["lookup", "wave"]]
+    assert messages[-1] == "Found: a wave; and I was not allowed to delete it."
+    assert ran(tmp_path) == [["lookup", "wave"]] and victim.exists() and "rm -rf" not in run.stdout
 
 
 def test_claude_code_at_its_vendor_url_through_the_proxy(scripted, intercepted, tmp_path):
@@ -378,6 +390,28 @@ def test_a_routed_hosts_other_requests_go_only_where_interception_routes(interce
         assert answer.status == 400 and b"interception does not route" in answer.read()
         connection.close()
         assert server.received == []
+
+
+@pytest.mark.parametrize(("method", "path", "headers"), [
+    ("GET", "/v1/chat/completions", {"Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
+                                     "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}),
+    ("POST", "/v1/realtime/client_secrets", {"Content-Type": "application/json"}),
+    ("POST", "/v1/threads/t1/runs", {"Content-Type": "application/json"}),
+], ids=["websocket", "realtime", "assistants-run"])
+def test_an_ungoverned_endpoint_on_a_routed_host_is_refused_not_tunnelled(scripted, intercepted, method, path,
+                                                                          headers):
+    scripted.script()
+    trust = ssl.create_default_context(cafile=intercepted.variables["SSL_CERT_FILE"])
+    connection = http.client.HTTPSConnection("127.0.0.1", intercepted.port, context=trust, timeout=30)
+    connection.set_tunnel("api.model.test", 443)
+    connection.request(method, path, body=b"{}" if method == "POST" else None,
+                       headers={"Authorization": "Bearer sk-agent-own", **headers})
+    answer = connection.getresponse()
+    body = json.loads(answer.read())
+    connection.close()
+    assert answer.status == 403 and body["error"]["code"] == "ungoverned_endpoint"
+    assert "--pass-ungoverned" in body["error"]["message"]
+    assert scripted.requests() == []  # nothing reached the model server
 
 
 class Recorder(Listener):
