@@ -278,9 +278,9 @@ def start_toolkeeper(agent_file: Path, upstream: str, *extra: str, env: dict[str
 
 
 @contextlib.contextmanager
-def serving(scripted, directory: Path, *args: str):
+def serving(scripted, directory: Path, *args: str, env: dict[str, str] | None = None):
     """A toolkeeper process on directory/agent.yaml, in front of the scripted model."""
-    process = start_toolkeeper(directory / "agent.yaml", scripted.base_url, *args)
+    process = start_toolkeeper(directory / "agent.yaml", scripted.base_url, *args, env=env)
     try:
         yield Toolkeeper(process, directory)
     finally:

@@ -152,3 +152,20 @@ def shipped_file(checkout: str, wheel: str) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+def unencodable(value: Any) -> str | None:
+    """The first key or string (JSON's \\ud800 escapes parse to them) that no UTF-8 can encode, shown escaped."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        texts = [*item.keys(), *item.values()] if isinstance(item, dict) else item if isinstance(item, list) else [item]
+        for text in texts:
+            if isinstance(text, str):
+                try:
+                    text.encode()
+                except UnicodeEncodeError:
+                    return ascii(text)[:60]
+            elif isinstance(text, (dict, list)):
+                stack.append(text)
+    return None

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from toolkeeper.audit.record import ExecutionRecord
+from toolkeeper.common import unencodable
 
 DEFAULT_PATTERNS = ("key", "token", "secret", "password", "authorization")
 REDACTED = "[redacted]"
@@ -127,8 +128,11 @@ class Redactor:
             if isinstance(value, str):
                 try:
                     value = json.loads(value)
+                    readable = unencodable(value) is None  # a lone surrogate escape: no UTF-8 holds it parsed
                 except (ValueError, RecursionError):
-                    data[field] = self.text(value, field, secrets, paths)
+                    readable = False
+                if not readable:
+                    data[field] = self.text(data[field], field, secrets, paths)
                     continue
             data[field] = self.value(value, field, secrets, paths)
         policy_input = data.get("policy_input") or {}

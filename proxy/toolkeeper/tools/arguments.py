@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkeeper.common import dumps
+from toolkeeper.common import dumps, unencodable
 from toolkeeper.tools.agentfile import DeclaredTool, Parameter, ToolSpec
 from toolkeeper.tools.schemas import CLOSING_SENTENCE, constraint_words
 from toolkeeper.tools.templates import RenderError, render_scalar
@@ -58,6 +58,10 @@ def parse_arguments(raw: Any, *, truncated: bool = False) -> tuple[dict[str, Any
         return None, "the arguments must be a JSON object with one field per parameter"
     if _depth(parsed) > MAX_DEPTH:
         return None, f"the arguments are nested more than {MAX_DEPTH} levels deep"
+    broken = unencodable(parsed)
+    if broken is not None:
+        return None, (f"the arguments hold a string that is not valid text ({broken}: a lone surrogate escape, "
+                      "half of a character); send the characters themselves")
     return parsed, None
 
 
