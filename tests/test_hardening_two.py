@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 
 import pytest
-from conftest import call, serving, user
+from conftest import STANDARD_AGENT, call, serving, user, write_agent
 from test_governed import send
 
 
@@ -35,3 +37,41 @@ def test_an_intercept_header_with_an_impossible_time_is_refused_not_a_500(script
                           {"X-Toolkeeper-Upstream": f"http://127.0.0.1:9/v1 {stamp} abc"})
     assert status == 400 and answer["error"]["code"] == "upstream_not_allowed"
     assert "malformed" in answer["error"]["message"]
+
+
+# 3. A filter that does not parse is refused by the export and shown on the page, never left out.
+ADMIN = "hardening-admin-token-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def audited(scripted, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("audited")
+    write_agent(directory, STANDARD_AGENT)
+    with serving(scripted, directory, "--store", ":memory:", "--audit", str(directory / "audit.sqlite3"),
+                 env={"TOOLKEEPER_ADMIN_TOKEN": ADMIN}) as tk:
+        yield tk
+
+
+def admin_get(tk, path: str) -> tuple[int, str]:
+    request = urllib.request.Request(tk.base_url[:-3] + path, headers={"Authorization": f"Bearer {ADMIN}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        with refused:
+            return refused.code, refused.read().decode()
+
+
+@pytest.mark.parametrize("query", ["status=okk", "source=agnt", "since=yesterday-ish", "until=1e400", "last=2w"])
+def test_a_filter_that_does_not_parse_is_refused_never_ignored(audited, query):
+    status, text = admin_get(audited, f"/toolkeeper/audit/export?format=jsonl&{query}")
+    assert status == 400 and query.split("=")[0] in text and "do not parse" in text
+    status, text = admin_get(audited, f"/toolkeeper/audit?{query}")
+    assert status == 400 and "id=problems" in text and query.split("=")[0] in text
+
+
+def test_the_filters_that_parse_still_filter(scripted, audited):
+    scripted.script({"tool_calls": [call("lookup", {"word": "ok"})]}, {"content": "done"})
+    send(audited, "POST", "/v1/chat/completions", {"model": "m", "messages": user()})
+    status, text = admin_get(audited, "/toolkeeper/audit/export?format=jsonl&status=ok&source=declared&last=1h")
+    assert status == 200 and [json.loads(line)["tool"] for line in text.splitlines()] == ["lookup"]

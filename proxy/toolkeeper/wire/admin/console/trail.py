@@ -45,15 +45,25 @@ def _cursor(text: str) -> int | None:
     return int(text) if re.fullmatch(r"[0-9]{1,18}", text) else None
 
 
-def filters_of(query: Any) -> dict[str, Any]:
-    """The trail's filters from a page's query string; what does not parse is left out."""
+def filters_of(query: Any) -> tuple[dict[str, Any], list[str]]:
+    """The trail's filters from a page's query string, and what does not parse: never left out silently (an
+    export of a mistyped filter would be the whole trail)."""
     chosen: dict[str, Any] = {name: query.get(name) or None for name in (*CHOICES, *TEXTS)}
-    chosen["status"] = query.get("status") if query.get("status") in STATUSES else None
-    chosen["source"] = query.get("source") if query.get("source") in SOURCES else None
-    preset = PRESETS.get(query.get("last", ""))
-    chosen["since"] = time.time() - preset if preset else _time(query.get("since", ""))
-    chosen["until"] = _time(query.get("until", ""))
-    return {name: value for name, value in chosen.items() if value is not None}
+    problems = []
+    for name, allowed in (("status", STATUSES), ("source", SOURCES), ("last", tuple(PRESETS))):
+        given = query.get(name) or None
+        if given is not None and given not in allowed:
+            problems.append(f"{name}={given[:40]!r} is none of {', '.join(allowed)}")
+        chosen[name] = given if given in allowed else None
+    preset = PRESETS.get(chosen.pop("last") or "")
+    for name in ("since", "until"):
+        given = query.get(name) or ""
+        chosen[name] = _time(given) if given else None
+        if given and chosen[name] is None:
+            problems.append(f"{name}={given[:40]!r} is not a time (2026-12-01T09:00, with or without its zone)")
+    if preset:
+        chosen["since"] = time.time() - preset
+    return {name: value for name, value in chosen.items() if value is not None}, problems
 
 
 def _decided_by(record: AuditEntry) -> str:
@@ -117,7 +127,12 @@ class TrailPages:
 
     async def listing(self, request: web.Request) -> web.Response:
         query = request.query
-        filters = filters_of(query)
+        filters, problems = filters_of(query)
+        if problems:  # shown, never ignored: a list of a mistyped filter would be the whole trail
+            refused = "".join(f"<li>{show(problem)}</li>" for problem in problems)
+            return page(request, "Audit trail", f"{self._form(query, self._choices())}<div id=problems "
+                        f"class=failed><p>These filters do not parse, so nothing is listed:</p><ul>{refused}</ul>"
+                        "</div>", status=400)
         before, after = _cursor(query.get("before", "")), _cursor(query.get("after", ""))
         shown, total, (seq, head), choices = await asyncio.to_thread(self._read, filters, before, after)
         kept = {k: v for k, v in query.items() if k not in ("before", "after")}
@@ -143,7 +158,10 @@ class TrailPages:
         fmt = request.query.get("format", "jsonl")
         if fmt not in EXPORTS:
             raise web.HTTPBadRequest(text=f"format is one of {', '.join(EXPORTS)}")
-        text = await asyncio.to_thread(self.audit.export, fmt, **filters_of(request.query))
+        filters, problems = filters_of(request.query)
+        if problems:
+            raise web.HTTPBadRequest(text="the filters do not parse, so nothing is exported: " + "; ".join(problems))
+        text = await asyncio.to_thread(self.audit.export, fmt, **filters)
         name = f"toolkeeper-audit-{time.strftime('%Y%m%d-%H%M%S')}.{fmt}"
         return web.Response(text=text, content_type=EXPORTS[fmt],
                             headers={"Content-Disposition": f'attachment; filename="{name}"'})
