@@ -430,10 +430,11 @@ def test_odd_input_gets_a_page_or_a_4xx_never_a_500(console):
     for query in ("before=%C2%B2", "after=99999999999999999999999", "since=0001-01-01", "until=9999-12-31T23:59",
                   "before=-1", "last=forever", "status=nope"):
         status, _ = get(f"{console.root}/toolkeeper/audit?{query}")
-        assert status == 200, query
+        # a cursor that does not parse starts from the newest; a filter that does not parse is said (400)
+        assert status == (400 if query.startswith(("since", "last", "status")) else 200), query
     status, _ = get(f"{console.root}/toolkeeper/audit/export?format=xml")
     assert status == 400
-    assert get(f"{console.root}/toolkeeper/audit/export?since=0001-01-01")[0] == 200
+    assert get(f"{console.root}/toolkeeper/audit/export?since=0001-01-01")[0] == 400
     for header in ({"Cookie": "toolkeeper_session=\xff\xfe.\xff"}, {"Authorization": "Bearer \xff\xfe"}):
         request = urllib.request.Request(console.root + "/toolkeeper/audit", headers=header)
         with pytest.raises(urllib.error.HTTPError) as refused:
