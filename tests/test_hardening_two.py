@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import STANDARD_AGENT, call, serving, user, write_agent
+from conftest import STANDARD_AGENT, audit_cli, call, serving, user, write_agent
 from test_governed import send
 
 
@@ -75,3 +75,36 @@ def test_the_filters_that_parse_still_filter(scripted, audited):
     send(audited, "POST", "/v1/chat/completions", {"model": "m", "messages": user()})
     status, text = admin_get(audited, "/toolkeeper/audit/export?format=jsonl&status=ok&source=declared&last=1h")
     assert status == 200 and [json.loads(line)["tool"] for line in text.splitlines()] == ["lookup"]
+
+
+# 4. A trail with an event forged into the middle of its chain is reported, never a traceback.
+def test_a_forged_event_in_the_middle_of_the_chain_is_named_by_verify_not_a_crash(tmp_path):
+    import sqlite3
+
+    from toolkeeper.audit import ExecutionRecord, open_audit
+
+    path = tmp_path / "trail.sqlite3"
+    audit = open_audit(path)
+    for word in ("a", "b", "c"):
+        record = ExecutionRecord(tool="lookup", runner="argv", call_id=f"c_{word}", status="ok", argv=["lookup", word])
+        audit.decided(record)
+        audit.completed(record)
+    audit.close()
+    db = sqlite3.connect(path)
+    rows = db.execute("SELECT seq FROM audit_events WHERE seq >= 3 ORDER BY seq DESC").fetchall()
+    for (seq,) in rows:  # make room at 3, then forge an event there: a copy of the next one, renumbered
+        db.execute("UPDATE audit_events SET seq = seq + 1 WHERE seq = ?", (seq,))
+    columns = [c[1] for c in db.execute("PRAGMA table_info(audit_events)")]
+    copied = [c for c in columns if c not in ("seq", "prev_hash", "hash")]
+    db.execute(f"INSERT INTO audit_events (seq, prev_hash, hash, {', '.join(copied)}) "  # noqa: S608
+               f"SELECT 3, 'f0' || prev_hash, 'f1' || hash, {', '.join(copied)} FROM audit_events WHERE seq = 4")
+    forged = "0" * 32  # a call of its own: the index has a row for the call that began at seq 3 already
+    db.execute("UPDATE audit_events SET record_id = ?, body = replace(body, record_id, ?) WHERE seq = 3",
+               (forged, forged))
+    db.commit()
+    db.close()
+    for command in (["verify"], ["list"], ["export"]):
+        run = audit_cli(path, *command)
+        assert "Traceback" not in run.stderr and "IntegrityError" not in run.stderr, run.stderr
+    run = audit_cli(path, "verify")
+    assert run.returncode == 1 and "event 3" in run.stdout + run.stderr, run.stdout + run.stderr

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import threading
 from collections.abc import Iterable, Iterator
@@ -52,6 +53,8 @@ from toolkeeper.audit.reading import TrailReader
 from toolkeeper.audit.record import ExecutionRecord
 from toolkeeper.audit.redaction import Redactor
 from toolkeeper.common import canonical_json
+
+log = logging.getLogger("toolkeeper")
 
 DECIDED_FIELDS = ExecutionRecord.fields_of("decided")
 COMPLETED_FIELDS = ExecutionRecord.fields_of("completed")
@@ -244,7 +247,9 @@ class SQLAudit(TrailReader):
     def catch_up(self) -> int:
         """Index the events the index does not reflect (a trail from before it, an older release writing beside
         this one, in turns with it): how many events. A look without the write lock first: processes starting
-        together on an indexed trail never queue for it."""
+        together on an indexed trail never queue for it. Events that do not fit the index (one forged into the
+        chain, its neighbours renumbered) leave it as it was: the transaction rolls back, and `verify` names
+        the tampering."""
         if not self._query(UNINDEXED + " LIMIT 1"):
             return 0
         with self._locked():
@@ -256,6 +261,12 @@ class SQLAudit(TrailReader):
                 for seq, body in rows:
                     self._execute(UPSERT, call_row(event_body(body), seq))
                 self._execute("COMMIT")
+            except self.conflict as exc:
+                with contextlib.suppress(*self.failure):
+                    self._execute("ROLLBACK")
+                log.warning("the trail's index cannot take its events (%s): the trail may have been altered; "
+                            "`toolkeeper audit verify` says where", exc)
+                return 0
             except BaseException:
                 with contextlib.suppress(*self.failure):
                     self._execute("ROLLBACK")
