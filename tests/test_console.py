@@ -441,3 +441,34 @@ def test_odd_input_gets_a_page_or_a_4xx_never_a_500(console):
             urllib.request.urlopen(request, timeout=10)
         refused.value.close()
         assert refused.value.code == 401, header
+
+
+def test_a_live_queue_stream_opened_with_a_bearer_token_ends_when_the_token_is_revoked(scripted, tmp_path):
+    """Every open stream is looked at again, bearer or session: a revoked token stops receiving approvals."""
+    import http.client
+    import urllib.parse
+
+    write_agent(tmp_path, AGENT)
+    tk = serve(scripted, tmp_path)
+    try:
+        token = add_token(tmp_path, "watcher", "approver")
+        where = urllib.parse.urlsplit(tk.base_url)
+        connection = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+        connection.request("GET", "/toolkeeper/queue/live", headers={"Authorization": f"Bearer {token}"})
+        stream = connection.getresponse()
+        assert stream.status == 200 and stream.readline().startswith(b"event: queue")
+        ended = threading.Event()
+
+        def read_to_the_end():
+            while stream.readline():
+                pass
+            ended.set()
+
+        threading.Thread(target=read_to_the_end, daemon=True).start()
+        assert not ended.wait(1.5)  # open while its token stands
+        subprocess.run([sys.executable, "-m", "toolkeeper", "tokens", "revoke", "watcher", "--store",
+                        str(tmp_path / "store.sqlite3")], check=True, capture_output=True, cwd=ROOT)
+        assert ended.wait(15), "the stream outlived its revoked token"
+        connection.close()
+    finally:
+        tk.process.stop()

@@ -40,7 +40,7 @@ class Console:
         self.closing = asyncio.Event()
         self.parts = [ChartsPage(audit), TrailPages(audit)]  # the charts' path before the trail's /audit/{id}
         if guard.sessions is not None:
-            self.parts.append(QueuePage(store, guard.sessions, self.closing))
+            self.parts.append(QueuePage(store, guard.identity, self.closing))
 
     def __call__(self, app: web.Application) -> None:
         self.guard.public.update({PREFIX + "/sign-in", PREFIX + "/console.js"})

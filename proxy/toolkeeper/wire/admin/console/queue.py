@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
@@ -26,7 +27,6 @@ from toolkeeper.store import Store
 from toolkeeper.wire.admin.api import answer_approval
 from toolkeeper.wire.admin.console.layout import csrf_field, field, link, page, show, url, when
 from toolkeeper.wire.admin.guard import MASTER
-from toolkeeper.wire.admin.sessions import Sessions
 
 # What a page says after an answer: fixed sentences, so a link cannot make the page say anything else.
 NOTICES = {
@@ -39,6 +39,7 @@ NOTICES = {
     "no-grant": "no always grant {id} in force",
 }
 LIVE_POLL = 1.0  # seconds between looks at the store for the live stream
+RECHECK = 5.0  # seconds between looks at who holds a live stream: a revoked token, or a changed role, ends it
 KEEPALIVE = 15.0
 VERBS = ("approve", "always", "deny")
 
@@ -86,9 +87,10 @@ def _grants_html(grants: list[dict], request: web.Request) -> str:
 
 
 class QueuePage:
-    def __init__(self, store: Store, sessions: Sessions, closing: asyncio.Event):
+    def __init__(self, store: Store, identity: Callable[[web.Request], Awaitable[tuple[str, str] | None]],
+                 closing: asyncio.Event):
         self.store = store
-        self.sessions = sessions
+        self.identity = identity  # who holds a request: its bearer token, or its session, looked up anew
         self.closing = closing  # set when toolkeeper stops: live streams end rather than hold the stop up
 
     def __call__(self, app: web.Application) -> None:
@@ -114,8 +116,8 @@ class QueuePage:
         await response.prepare(request)
         last, quiet, checked = b"", 0.0, time.monotonic()
         while not self.closing.is_set():
-            if "session" in request and time.monotonic() - checked > 30:  # a revoked token ends its streams
-                holder = await self.sessions.holder(request["session"])
+            if time.monotonic() - checked > RECHECK:  # a revoked token ends its streams, bearer or session
+                holder = await self.identity(request)
                 if holder is None or holder[1] not in ("approver", "admin"):  # so does a changed role
                     break
                 checked = time.monotonic()
