@@ -96,7 +96,7 @@ def test_a_forged_event_in_the_middle_of_the_chain_is_named_by_verify_not_a_cras
         db.execute("UPDATE audit_events SET seq = seq + 1 WHERE seq = ?", (seq,))
     columns = [c[1] for c in db.execute("PRAGMA table_info(audit_events)")]
     copied = [c for c in columns if c not in ("seq", "prev_hash", "hash")]
-    db.execute(f"INSERT INTO audit_events (seq, prev_hash, hash, {', '.join(copied)}) "  # noqa: S608
+    db.execute(f"INSERT INTO audit_events (seq, prev_hash, hash, {', '.join(copied)}) "
                f"SELECT 3, 'f0' || prev_hash, 'f1' || hash, {', '.join(copied)} FROM audit_events WHERE seq = 4")
     forged = "0" * 32  # a call of its own: the index has a row for the call that began at seq 3 already
     db.execute("UPDATE audit_events SET record_id = ?, body = replace(body, record_id, ?) WHERE seq = 3",
