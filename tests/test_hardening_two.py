@@ -108,3 +108,23 @@ def test_a_forged_event_in_the_middle_of_the_chain_is_named_by_verify_not_a_cras
         assert "Traceback" not in run.stderr and "IntegrityError" not in run.stderr, run.stderr
     run = audit_cli(path, "verify")
     assert run.returncode == 1 and "event 3" in run.stdout + run.stderr, run.stdout + run.stderr
+
+
+# 6. The store and the trail are the owner's alone: 0600, their WAL and SHM files too; a wider one is said.
+def test_the_store_and_the_trail_are_made_for_their_owner_alone(scripted, tmp_path):
+    import os
+    import stat
+
+    write_agent(tmp_path, STANDARD_AGENT)
+    with serving(scripted, tmp_path, "--store", str(tmp_path / "store.sqlite3"), "--audit",
+                 str(tmp_path / "audit.sqlite3")) as tk:
+        scripted.script({"tool_calls": [call("lookup", {"word": "w"})]}, {"content": "done"})
+        send(tk, "POST", "/v1/chat/completions", {"model": "m", "messages": user()})
+        made = [path for path in tmp_path.iterdir() if path.name.startswith(("store.sqlite3", "audit.sqlite3"))]
+        assert {p.name for p in made} >= {"store.sqlite3", "audit.sqlite3", "store.sqlite3-wal", "audit.sqlite3-wal"}
+        assert all(stat.S_IMODE(os.stat(path).st_mode) == 0o600 for path in made), [
+            (p.name, oct(os.stat(p).st_mode)) for p in made]
+    os.chmod(tmp_path / "audit.sqlite3", 0o644)
+    with serving(scripted, tmp_path, "--store", str(tmp_path / "store.sqlite3"), "--audit",
+                 str(tmp_path / "audit.sqlite3"), "--log-level", "INFO") as tk:
+        assert "audit.sqlite3 may be read by other users" in tk.process.stderr()

@@ -8,6 +8,7 @@ stops answering is noticed; a URL's password never reaches a log or an error.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import socket
@@ -15,6 +16,25 @@ import time
 from typing import Any
 
 CONNECT_WAIT = 2
+
+
+def private_file(path: str) -> None:
+    """A SQLite file only its owner may read: the store holds hidden exchanges (arguments, tool output) and
+    the trail every call. A new one is made 0600 (SQLite gives its -wal and -shm files the same mode); an
+    existing one that others may read is said at start."""
+    if path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        for name in (path, path + "-wal", path + "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(name).st_mode & 0o077:
+                    logging.getLogger("toolkeeper").warning(
+                        "%s may be read by other users of this machine (mode %o): it holds what toolkeeper "
+                        "keeps of every call; chmod 600 it", name, os.stat(name).st_mode & 0o777)
+    except OSError:  # no such folder, no right to create: SQLite says so, as it did
+        return
 
 
 def write_ahead(db: Any, wait: float) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from toolkeeper.audit.events import AuditError
 from toolkeeper.audit.redaction import Redactor
 from toolkeeper.audit.trail import SCHEMA, WRITE_WAIT, SQLAudit
-from toolkeeper.database import connect_arguments, cut, is_postgres_url, without_password, write_ahead
+from toolkeeper.database import connect_arguments, cut, is_postgres_url, private_file, without_password, write_ahead
 
 OPEN_WAIT = 15.0  # seconds a process starting waits for another one creating or indexing the trail
 SCHEMA_LOCK = 7335002  # an advisory lock: replicas starting together create the schema one at a time
@@ -34,6 +34,7 @@ class SQLiteAudit(SQLAudit):
     def __init__(self, path: str | Path, redactor: Redactor | None = None):
         super().__init__(redactor)
         self.path = str(path)
+        private_file(self.path)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=WRITE_WAIT)
         # at start, workers opening one new file wait for each other longer than a call waits for a write
         self._db.execute(f"PRAGMA busy_timeout={int(OPEN_WAIT * 1000)}")

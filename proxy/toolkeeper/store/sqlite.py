@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from toolkeeper.database import write_ahead
+from toolkeeper.database import private_file, write_ahead
 from toolkeeper.store.base import SQLStore, StoreError
 from toolkeeper.store.schema import migrate
 
@@ -27,6 +27,7 @@ class SQLiteStore(SQLStore):
     def __init__(self, path: str | Path):
         super().__init__()
         self.location = str(path)
+        private_file(self.location)
         self._db = sqlite3.connect(self.location, check_same_thread=False, isolation_level=None)
         self._db.execute(f"PRAGMA busy_timeout={BUSY_WAIT}")
         write_ahead(self._db, BUSY_WAIT / 1000)
