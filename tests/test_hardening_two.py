@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import STANDARD_AGENT, audit_cli, call, serving, user, write_agent
+from conftest import STANDARD_AGENT, audit_cli, call, run_cli, serving, user, write_agent
 from test_governed import send
 
 
@@ -128,3 +128,30 @@ def test_the_store_and_the_trail_are_made_for_their_owner_alone(scripted, tmp_pa
     with serving(scripted, tmp_path, "--store", str(tmp_path / "store.sqlite3"), "--audit",
                  str(tmp_path / "audit.sqlite3"), "--log-level", "INFO") as tk:
         assert "audit.sqlite3 may be read by other users" in tk.process.stderr()
+
+
+# 7. check: an enum of numbers that the description does not explain; a rule that can never match.
+CHECKED = """
+    upstream: http://127.0.0.1:9/v1
+    tools:
+      - name: release_version
+        description: Publish a release of the product to a channel. Use it when asked to ship. Returns the log.
+        parameters:
+          version: {type: string, pattern: "^[0-9.]+$", description: "The version, like 1.4.2."}
+          channel: {type: string, enum: [stable, beta], description: "stable for everyone, beta for testers."}
+          level: {type: integer, enum: [1, 2, 3], description: "The level."}
+        command: ["{python}", "-c", "print(1)", "{{version}}", "{{channel}}", "{{level}}"]
+"""
+
+
+def test_check_names_an_unexplained_number_enum_and_a_rule_that_can_never_match(tmp_path):
+    write_agent(tmp_path, CHECKED)
+    (tmp_path / "rules.yaml").write_text("rules:\n  - id: no-nightly\n    effect: deny\n    reason: No nightly.\n"
+                                         "    when: {tool: release_version, arguments: {channel: {equals: nightly}}}\n")
+    run = run_cli("check", str(tmp_path / "agent.yaml"), "--policy", str(tmp_path / "rules.yaml"), "--strict")
+    assert run.returncode == 1, run.stdout
+    assert "P003" in run.stdout and "parameters.level" in run.stdout
+    assert "R003" in run.stdout and "no-nightly" in run.stdout
+    (tmp_path / "agent.yaml").write_text((tmp_path / "agent.yaml").read_text().replace(
+        '"The level."', '"1: a patch, 2: a minor release, 3: a major one."'))
+    assert "parameters.level" not in run_cli("check", str(tmp_path / "agent.yaml")).stdout

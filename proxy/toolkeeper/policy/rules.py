@@ -186,6 +186,15 @@ class When(Strict):
         return True
 
 
+def _outside_enums(test: ValueTest, parameters: list[Any]) -> bool:
+    """An `equals` or `in` no declared enum of the argument admits (every tool the rule names has one)."""
+    wanted = [test.equals] if "equals" in test.model_fields_set else list(test.one_of or [])
+    enums = [p.enum for p in parameters if p is not None]
+    if not wanted or not enums or any(not enum for enum in enums):
+        return False
+    return not any(value in enum for value in wanted for enum in enums)
+
+
 def _dotted(arguments: Any, path: str) -> tuple[bool, Any]:
     """A value by its dotted path (`input.path`): (present, value)."""
     value = arguments
@@ -238,7 +247,8 @@ class Rules:
 
     def problems(self, agent: Agent) -> list[tuple[str, str, str]]:
         """(code, rule id, what): R001 a rule naming a tool the file does not declare, R002 one testing an
-        argument no tool it names declares (it can never match)."""
+        argument no tool it names declares, R003 one testing a value the argument's enum never takes (both can
+        never match)."""
         found = []
         for rule in self.rules:
             if rule.when.source == "agent":
@@ -252,10 +262,13 @@ class Rules:
                               "(say `source: agent` if that is what it is for)"))
                 continue
             known = {name for tool in tools for name in tool.spec.parameters}
-            for name in rule.when.arguments:
+            for name, test in rule.when.arguments.items():
                 if name.split(".")[0] not in known:
                     found.append(("R002", rule.id, f"rule {rule.id!r} tests argument {name!r}, which no tool it "
                                   "names declares: it can never match"))
+                elif _outside_enums(test, [t.spec.parameters.get(name) for t in tools]):
+                    found.append(("R003", rule.id, f"rule {rule.id!r} tests argument {name!r} for a value its "
+                                  "enum never takes: it can never match"))
         return found
 
     def matching(self, document: dict[str, Any]) -> list[Rule]:

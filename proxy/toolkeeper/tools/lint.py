@@ -14,7 +14,7 @@ import itertools
 import re
 from dataclasses import asdict, dataclass
 from pathlib import PurePath
-from typing import Literal
+from typing import Any, Literal
 
 from toolkeeper.tools.agentfile import Agent, DeclaredTool
 
@@ -117,6 +117,13 @@ def check_description(tool: DeclaredTool) -> list[Finding]:
     return found
 
 
+def _numbers_unexplained(parameter: Any) -> bool:
+    """An enum of numbers says nothing by itself (1, 2, 3): the description must name what each value means."""
+    numbers = [value for value in parameter.enum if isinstance(value, (int, float)) and not isinstance(value, bool)]
+    said = set(re.findall(r"-?\d+(?:\.\d+)?", parameter.description))
+    return bool(numbers) and not all(str(value) in said for value in numbers)
+
+
 def check_parameters(tool: DeclaredTool) -> list[Finding]:
     spec, found = tool.spec, []
     for key, parameter in spec.parameters.items():
@@ -129,7 +136,7 @@ def check_parameters(tool: DeclaredTool) -> list[Finding]:
             found.append(Finding("P002", "warning", tool.name, at, "a string that has a format (a version, a date, "
                                  "a path...) is accepted in any form, and a small model varies it",
                                  "add a pattern, like '^\\d+\\.\\d+\\.\\d+$', and an example in the description"))
-        if parameter.enum and len(parameter.description.split()) < 2:
+        if parameter.enum and (len(parameter.description.split()) < 2 or _numbers_unexplained(parameter)):
             found.append(Finding("P003", "warning", tool.name, at, "the enum's values are not explained: the model "
                                  "picks among names it does not understand", "say in the description what each "
                                  "value means"))
