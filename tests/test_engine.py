@@ -161,3 +161,40 @@ def test_a_request_under_tool_choice_none_gets_no_declared_tool(agent, engine_fo
     model = MockModel(lambda body, previous: answer("fine"))
     run(engine_for(agent), model, tool_choice="none")
     assert "tools" not in model.requests[0].body and model.requests[0].hidden == frozenset()
+
+
+def test_the_call_handler_reloads_its_policy_and_keeps_the_runners_a_turn_may_still_use(agent, runners, tmp_path):
+    handler = CallHandler(runners=runners, consent=NoConsent(), policy=Policy(yolo=True))
+    rules_file = tmp_path / "rules.yaml"
+    rules_file.write_text("rules:\n  - id: no-echo\n    effect: deny\n    reason: off\n    when: {tool: echo_word}\n")
+    old_argv = handler.runners["argv"]
+    handler.reload(policy=Policy(yolo=False, rules=load_rules(rules_file)), runners={"wasm": old_argv})
+    assert handler.policy.yolo is False and handler.runners == {"argv": old_argv, "wasm": old_argv}
+    turn = TurnContext(request_id="r", agent="a", agent_header="team-x")
+    document = handler.document(agent.tools["echo_word"], {"word": "x"}, ["echo", "x"], turn)
+    assert document["tool"] == {"name": "echo_word", "source": "declared", "kind": "function", "tier": "gated",
+                                "runner": "argv", "visibility": "inline"}
+    assert document["mode"] == {"yolo": False, "interactive": False} and document["agent"]["header"] == "team-x"
+    decision = asyncio.run(handler.policy.decide(document))
+    assert (decision.effect, decision.rule_id) == ("deny", "no-echo")
+
+
+def test_a_built_in_call_reaches_the_policy_by_its_kind(runners):
+    handler = CallHandler(runners=runners, consent=NoConsent(), policy=Policy(yolo=True))
+    document = handler.document("shell", {"action": {"commands": ["ls"]}}, None, TurnContext(), kind="shell_call")
+    assert (document["tool"]["name"], document["tool"]["source"], document["tool"]["kind"]) == (
+        "shell", "agent", "shell_call")
+    hosted = handler.document("web_search", "(unknown)", None, TurnContext(), kind="web_search", source="hosted")
+    assert hosted["tool"]["source"] == "hosted"
+    assert asyncio.run(handler.policy.decide(hosted)).effect == "allow"  # no rule: the offer stands
+
+
+def test_check_call_parses_checks_and_renders_or_says_what_to_fix(agent):
+    from toolkeeper.tools import check_call
+
+    tool = agent.tools["release_version"]
+    good = check_call(tool, '{"version": "1.2"}')
+    assert good.problems == [] and good.values == {"version": "1.2"} and good.argv[-1] == "1.2"
+    bad = check_call(tool, '{"version": "1.2; rm -rf ~"}')
+    assert bad.problems and bad.values is None and bad.quoted == {"version": "1.2; rm -rf ~"}
+    assert check_call(tool, "{not json").quoted == "{not json"
