@@ -166,7 +166,7 @@ def test_a_request_under_tool_choice_none_gets_no_declared_tool(agent, engine_fo
 def test_the_call_handler_reloads_its_policy_and_keeps_the_runners_a_turn_may_still_use(agent, runners, tmp_path):
     handler = CallHandler(runners=runners, consent=NoConsent(), policy=Policy(yolo=True))
     rules_file = tmp_path / "rules.yaml"
-    rules_file.write_text("rules:\n  - id: no-echo\n    effect: deny\n    reason: off\n    when: {tool: echo_word}\n")
+    rules_file.write_text("rules:\n  - id: no-echo\n    effect: deny\n    reason: echo is off\n    when: {tool: echo_word}\n")
     old_argv = handler.runners["argv"]
     handler.reload(policy=Policy(yolo=False, rules=load_rules(rules_file)), runners={"wasm": old_argv})
     assert handler.policy.yolo is False and handler.runners == {"argv": old_argv, "wasm": old_argv}
