@@ -223,3 +223,20 @@ def test_a_messages_block_of_a_call_toolkeeper_does_not_know_is_refused(scripted
         else:
             client.messages.create(**asked)
     assert "does not know" in str(refused.value)
+
+
+def test_the_mcp_connectors_allowed_tools_lose_the_ones_the_rules_deny(scripted, tkm):
+    """With its tools listed, a connector server keeps those the rules allow; one with none left is withheld."""
+    scripted.script({"content": "Listed."})
+    servers = [{"type": "url", "url": "https://mcp.example/github", "name": "github",
+                "tool_configuration": {"allowed_tools": ["list_repos", "delete_repo", "delete_branch"]}},
+               {"type": "url", "url": "https://mcp.example/gh2", "name": "github2",
+                "tool_configuration": {"allowed_tools": ["read_file"]}}]
+    with anthropic.Anthropic(base_url=tkm.base_url[:-3], api_key="sk-hosted", max_retries=0) as client:
+        client.beta.messages.create(model="m", max_tokens=50, betas=["mcp-client-2025-04-04"],
+                                    messages=[{"role": "user", "content": "list"}], mcp_servers=servers)
+    sent = scripted.bodies()[0]["mcp_servers"]
+    assert [(s["name"], s["tool_configuration"]["allowed_tools"]) for s in sent] == [
+        ("github", ["list_repos"]), ("github2", ["read_file"])]
+    withheld = {r["tool"] for r in hosted_records(tkm) if r["status"] == "withheld"}
+    assert {"mcp__github__delete_repo", "mcp__github__delete_branch"} <= withheld

@@ -150,14 +150,14 @@ class AgentAPI:
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
         raise NotImplementedError
 
-    async def offered(self, entries: list[Any], hosted: Callable[[dict[str, Any]], tuple[str, str] | None],
+    async def offered(self, entries: list[Any], hosted: Callable[[Any], tuple[str, str] | None],
                       turn: TurnContext) -> list[Any]:
         """The agent's tools (or MCP servers) as the model server gets them: one the server runs itself
         (`hosted` names it and its kind) goes only when the rules allow it; one they deny is withheld and
         recorded."""
         kept = []
         for entry in entries:
-            found = hosted(entry) if isinstance(entry, dict) else None
+            found = hosted(entry)
             if found is None or await self.engine.hosted.offer(found[0], found[1], entry, turn):
                 kept.append(entry)
         return kept

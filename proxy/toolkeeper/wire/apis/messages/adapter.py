@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from toolkeeper.engine import TurnContext
 from toolkeeper.wire.apis.base import AgentAPI
 from toolkeeper.wire.apis.messages.items import (
     anthropic_tool,
@@ -32,6 +33,17 @@ class MessagesAPI(AgentAPI):
     api = "messages"
     errors = ANTHROPIC
 
+    async def _narrowed(self, server: Any, context: TurnContext) -> Any:
+        """An MCP connector server whose allowed tools are listed: the ones the rules deny are left out (each
+        recorded `withheld`); None when none is left."""
+        configuration = server.get("tool_configuration") if isinstance(server, dict) else None
+        listed = configuration.get("allowed_tools") if isinstance(configuration, dict) else None
+        if not isinstance(listed, list):
+            return server
+        kept = await self.offered(listed, lambda tool: (f"mcp__{server.get('name')}__{tool}", "mcp_tool")
+                                  if isinstance(tool, str) else None, context)
+        return {**server, "tool_configuration": {**configuration, "allowed_tools": kept}} if kept else None
+
     check = staticmethod(check_request)
 
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
@@ -39,6 +51,9 @@ class MessagesAPI(AgentAPI):
         for key in ("tools", "mcp_servers"):  # server tools, the MCP connector: offered only as the rules allow
             if isinstance(body.get(key), list):
                 body = {**body, key: await self.offered(body[key], hosted_tool, context)}
+        if isinstance(body.get("mcp_servers"), list):
+            body = {**body, "mcp_servers": [server for server in [await self._narrowed(s, context)
+                                                                  for s in body["mcp_servers"]] if server]}
         neutral: dict[str, Any] = {"messages": messages_from_anthropic(body["messages"])}
         if "tools" in body:
             neutral["tools"] = body["tools"]

@@ -98,9 +98,11 @@ def anthropic_from_messages(neutral: list[dict[str, Any]]) -> list[dict[str, Any
     return out
 
 
-def hosted_tool(entry: dict[str, Any]) -> tuple[str, str] | None:
+def hosted_tool(entry: Any) -> tuple[str, str] | None:
     """A tool entry Anthropic's servers run (a server tool), or an MCP connector server, as (its name for the
     rules, its kind); None for the agent's own."""
+    if not isinstance(entry, dict):
+        return None
     kind = str(entry.get("type") or "")
     if kind.startswith(SERVER_TOOLS):
         return str(entry.get("name") or kind.rsplit("_", 1)[0]), kind

@@ -220,10 +220,10 @@ def call_id_of(item: dict[str, Any]) -> str:
     return str(item.get("call_id") or item.get("id") or "")
 
 
-def hosted_tool(entry: dict[str, Any]) -> tuple[str, str] | None:
+def hosted_tool(entry: Any) -> tuple[str, str] | None:
     """A tool entry the model server runs itself and that cannot be asked per call, as (its name for the rules,
     its kind); None for the agent's, and for a hosted MCP server (each of its calls asks first: model.py)."""
-    kind = entry.get("type")
+    kind = entry.get("type") if isinstance(entry, dict) else None
     return (HOSTED_TOOLS[kind], kind) if kind in HOSTED_TOOLS else None
 
 
