@@ -166,6 +166,7 @@ def test_an_auditor_cannot_approve(scripted, console, browser):
     assert page.url.endswith("/toolkeeper/audit")  # an auditor's home
     assert page.locator("header a", has_text="Approvals").count() == 0
     assert page.goto(console.root + "/toolkeeper/queue").status == 403
+    assert "may not reach /toolkeeper/queue: it needs the admin or approver role" in page.locator("p").first.inner_text()
     asking = Asking(console, scripted, "release", {"version": "3.0.0"}, word="q4")
     approval = wait_for_approval(console.root)
     assert api_post(f"{console.root}/toolkeeper/approvals/{approval}/approve", console.tokens["eve"], {}) == 403

@@ -119,7 +119,10 @@ def test_unreachable_upstream_is_a_502(agent_dir, tmp_path):
     finally:
         process.stop()
     assert status == 502
-    assert json.loads(data)["error"]["code"] == "upstream_unreachable"
+    error = json.loads(data)["error"]
+    assert error["code"] == "upstream_unreachable"
+    # said plainly: where, and why; never the HTTP client's internals
+    assert error["message"] == f"cannot reach the model server at 127.0.0.1:{closed_port}: Connection refused"
 
 
 # -- upstream failures after the first byte: an SSE error event and a clean close ----

@@ -155,3 +155,16 @@ def test_check_names_an_unexplained_number_enum_and_a_rule_that_can_never_match(
     (tmp_path / "agent.yaml").write_text((tmp_path / "agent.yaml").read_text().replace(
         '"The level."', '"1: a patch, 2: a minor release, 3: a major one."'))
     assert "parameters.level" not in run_cli("check", str(tmp_path / "agent.yaml")).stdout
+
+
+# #28.4: /healthz says healthy or not; the declared tools are the admin API's.
+def test_healthz_names_no_tool_and_the_admin_api_does(audited):
+    with urllib.request.urlopen(audited.base_url[:-3] + "/healthz", timeout=10) as answer:
+        assert json.loads(answer.read()) == {"status": "ok"}
+    status, text = admin_get(audited, "/toolkeeper/tools")
+    assert status == 200 and "lookup" in json.loads(text)["tools"]
+    request = urllib.request.Request(audited.base_url[:-3] + "/toolkeeper/tools")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
+    refused.value.close()

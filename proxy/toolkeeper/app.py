@@ -35,7 +35,7 @@ from toolkeeper.runners import runners_for
 from toolkeeper.settings import TOKEN_VARIABLE, Settings
 from toolkeeper.store import Store, open_store
 from toolkeeper.tools import Agent, AgentFileError, lint_agent, load_agent_file, load_agent_keys
-from toolkeeper.wire import AdminGuard, Check, Console, OtlpExporter, admin_app, approvals_api, proxy_app
+from toolkeeper.wire import AdminGuard, Check, Console, OtlpExporter, admin_app, approvals_api, proxy_app, tools_api
 
 log = logging.getLogger("toolkeeper")
 
@@ -98,7 +98,8 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
         lambda: {(("outcome", outcome),): float(history.counts[outcome]) for outcome in ("hit", "miss")})
 
     guard = AdminGuard(settings.admin_token, stores.store)
-    admin = admin_app(guard, approvals_api(stores.store), Console(stores.audit, stores.store, guard))
+    admin = admin_app(guard, approvals_api(stores.store), Console(stores.audit, stores.store, guard),
+                      tools_api(lambda: sorted(engine.agent.tools)))
     api_key = os.environ[agent.config.api_key_env] if agent.config.api_key_env else None
     app = proxy_app(engine, settings, upstream_url=agent.config.upstream, api_key=api_key, metrics=metrics,
                     admin=admin, agent_keys=agent_keys(agent, settings), checks=stores.checks(), store=stores.store)

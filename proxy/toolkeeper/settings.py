@@ -14,6 +14,7 @@ or `admin_token_file:` names the file. Secrets never appear in a repr or a log.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -25,6 +26,20 @@ CONFIG_VARIABLE = "TOOLKEEPER_CONFIG"
 
 class SettingsError(ValueError):
     pass
+
+
+MIN_TOKEN_LENGTH = 32
+PLACEHOLDERS = frozenset({"change-me", "changeme", "change_me", "secret", "password", "admin", "token", "example",
+                          "xxx", "x", "test", "replace-me", "todo"})
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, metavar: str | None = None,
@@ -91,6 +106,16 @@ class Settings:
                                                 "(it sets it for the toolkeeper it starts)", flag=False, secret=True)
     intercept_upstreams: tuple[str, ...] = option((), "the origins (https://host) `toolkeeper intercept` routes: "
                                                       "the only upstreams a signed header may name", flag=False)
+
+    def __post_init__(self) -> None:
+        """Beyond loopback, the admin token guards the approvals and the trail from the network: a placeholder,
+        or one short enough to guess, is refused at start."""
+        token = self.admin_token
+        if token is not None and not _loopback(self.host) and (
+                len(token) < MIN_TOKEN_LENGTH or token.strip().lower() in PLACEHOLDERS):
+            raise SettingsError(f"{TOKEN_VARIABLE} is a placeholder or shorter than {MIN_TOKEN_LENGTH} characters, "
+                                f"and toolkeeper would listen on {self.host}, beyond this machine: make one with "
+                                "`openssl rand -hex 32` (or listen on 127.0.0.1)")
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from toolkeeper.cli import approvals, audit, authoring, demo, evaluation, intercept, policy, serve, tokens
@@ -30,11 +31,21 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # after `--`: options for the toolkeeper `intercept` starts, passed on as they are
     argv, after = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's own parser, with its usage, and what was likely meant
+        _unknown_options(commands.choices[args.command], unknown)
     if after and not hasattr(args, "serve_options"):
         parser.error(f"{args.command} takes no options after --")
     args.serve_options = after
     return args.run(args)
+
+
+def _unknown_options(command: argparse.ArgumentParser, unknown: list[str]) -> None:
+    known = [option for action in command._actions for option in action.option_strings]
+    hints = [f"{given} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(given.split("=")[0], known,
+                                                                                       n=1)) else given
+             for given in unknown]
+    command.error(f"unrecognized arguments: {' '.join(hints)}")
 
 
 def version() -> str:

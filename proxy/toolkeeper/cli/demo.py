@@ -25,7 +25,7 @@ from toolkeeper.tools import load_agent_file
 
 QUESTION = "Please ship version 1.4.2 to the beta channel, with the notes 'Faster search'."
 SCRIPT = [
-    {"content": "I'll publish the release now.",
+    {"content": "I'll publish the release now. ",
      "tool_calls": [{"name": "release", "arguments": {"version": "1.4.2", "channel": "beta",
                                                       "notes": "Faster search"}}]},
     {"content": "Done: version 1.4.2 is published on the beta channel. The release log says:\n{tool_result}"},

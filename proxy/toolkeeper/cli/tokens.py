@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from toolkeeper.store import SchemaError, StoreError, open_store
 
     location = getattr(args, "store", None) or os.environ.get("TOOLKEEPER_STORE") or "toolkeeper.sqlite3"
-    if not is_postgres_url(location) and not Path(location).exists():
+    # `add` makes the store (serve uses the same file, before or after); reading or revoking needs one there
+    if args.tokens_command != "add" and not is_postgres_url(location) and not Path(location).exists():
         print(f"toolkeeper: no store at {location}: name serve's store with --store (by default "
               "toolkeeper.sqlite3 next to the agent file, made when toolkeeper first starts)", file=sys.stderr)
         return 2
@@ -67,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
             elif not await store.revoke_token(args.name):
                 print(f"toolkeeper: no token named {printable(args.name)} in force", file=sys.stderr)
                 return 1
+            else:
+                print(f"revoked {printable(args.name)}: its holder is refused from now on, its sessions ended")
             return 0
         finally:
             await store.close()

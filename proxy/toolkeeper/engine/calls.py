@@ -150,8 +150,9 @@ class CallHandler:
                 log.error("the audit trail lost the outcome of %s (record %s): %s", record.tool, record.record_id,
                           exc)
         why = f": {outcome.detail}" if outcome.detail else ""
-        log.info("declared call %s: %s (%s) in %.1f ms%s", record.tool, record.status,
-                 record.decision_source or "-", record.duration_ms, why)
+        whose = {"declared": "declared call", "agent": "the agent's call of", "hosted": "the model server's call of"}
+        log.info("%s %s: %s (%s) in %.1f ms%s", whose.get(record.source, "call"), printable(record.tool),
+                 record.status, record.decision_source or "-", record.duration_ms, why)
         for observer in self.observers:
             try:
                 observer(record)

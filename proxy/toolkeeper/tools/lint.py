@@ -27,7 +27,7 @@ NUMBERED = re.compile(r"(tool|func|fn|f|t|cmd|action|task|step)[_-]?\d+", re.IGN
 VERBS = frozenset(re.findall(r"\w+", """
     add analyse analyze apply approve archive ask build bump calculate call cancel check clean clear close commit
     compare compile compute convert copy count create decode delete deploy describe diff disable download draft
-    edit enable encode estimate evaluate explain export extract fetch find format generate get grep import install
+    edit enable encode estimate evaluate explain export extract fetch find format generate get greet grep import install
     launch lint list load lock log look lookup merge migrate move notify open parse patch pause ping plan play
     post preview print publish pull push put query read rebuild reboot receive record refresh register release
     reload remove rename render reply report request reset resize restart restore resume retry review revoke rollback

@@ -13,7 +13,7 @@ a runner or a policy: the composition root (`toolkeeper.app`) hands it what it
 serves.
 """
 
-from toolkeeper.wire.admin import AdminGuard, Console, admin_app, approvals_api
+from toolkeeper.wire.admin import AdminGuard, Console, admin_app, approvals_api, tools_api
 from toolkeeper.wire.apis import ChatCompletions, anthropic_tool, flat_tool
 from toolkeeper.wire.errors import UpstreamError
 from toolkeeper.wire.intercept import ADDON, ENDPOINTS, HOST_NAME
@@ -37,4 +37,5 @@ __all__ = [
     "approvals_api",
     "flat_tool",
     "proxy_app",
+    "tools_api",
 ]

@@ -15,6 +15,7 @@ Responses, Anthropic's for Messages.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -156,4 +157,15 @@ def upstream_failures(shape: ErrorShape = OPENAI) -> Iterator[None]:
     except aiohttp.ClientPayloadError as exc:
         raise UpstreamError.ours(502, f"the model server broke off its response: {exc}") from exc
     except aiohttp.ClientError as exc:
-        raise UpstreamError.ours(502, f"cannot reach the model server: {exc}", "upstream_unreachable") from exc
+        raise unreachable(exc) from exc
+
+
+def unreachable(exc: Exception) -> UpstreamError:
+    """A model server toolkeeper could not reach, said plainly: where, and why (never the client's internals)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        errno = getattr(exc.os_error, "errno", None)
+        why = os.strerror(errno) if errno else type(exc.os_error).__name__
+        return UpstreamError.ours(502, f"cannot reach the model server at {exc.host}:{exc.port}: {why}",
+                                  "upstream_unreachable")
+    return UpstreamError.ours(502, f"cannot reach the model server: {str(exc)[:200] or type(exc).__name__}",
+                              "upstream_unreachable")

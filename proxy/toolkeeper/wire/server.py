@@ -25,7 +25,7 @@ from toolkeeper.store import Store, StoreError
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
 from toolkeeper.wire.apis import ChatCompletions, MessagesAPI, ResponsesAPI, count_tokens_body, credentials_hash
 from toolkeeper.wire.endpoints import Endpoints, normalised, under_v1
-from toolkeeper.wire.errors import OPENAI, UpstreamError, shape_of, store_unavailable
+from toolkeeper.wire.errors import OPENAI, UpstreamError, shape_of, store_unavailable, unreachable
 from toolkeeper.wire.guard import OPEN_PATHS, AgentKeys, OriginGuard
 from toolkeeper.wire.intercept import InterceptedUpstream
 from toolkeeper.wire.upstream import HOP_BY_HOP, OWN_COOKIE, UPSTREAM_KEY, Upstream, forward_headers, upstream_for
@@ -150,7 +150,7 @@ class Probes:
         self.checked = time.monotonic()
 
     async def healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "tools": sorted(self.engine.agent.tools)})
+        return web.json_response({"status": "ok"})  # healthy or not, to anyone: what it serves is the admin API's
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
@@ -241,5 +241,5 @@ async def passthrough(request: web.Request, *, path: str | None = None,
             await response.write_eof()
             return response
     except (aiohttp.ClientError, TimeoutError) as exc:
-        return OPENAI.response(UpstreamError.ours(502, f"cannot reach the model server: {exc}",
-                                                  "upstream_unreachable"))
+        return OPENAI.response(unreachable(exc) if isinstance(exc, aiohttp.ClientError) else UpstreamError.ours(
+            504, "the model server did not answer in time", "upstream_timeout"))

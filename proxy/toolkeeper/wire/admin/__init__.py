@@ -1,7 +1,7 @@
 """Everything under /toolkeeper/: the admin API (api.py), who may reach it (guard.py), browser sessions
 (sessions.py) and the console's pages (console/). Nothing here is ever forwarded to a model server."""
 
-from toolkeeper.wire.admin.api import admin_app, answer_approval, approvals_api
+from toolkeeper.wire.admin.api import admin_app, answer_approval, approvals_api, tools_api
 from toolkeeper.wire.admin.console import Console
 from toolkeeper.wire.admin.guard import MASTER, PREFIX, AdminGuard, same_origin, served_over_https
 
@@ -15,4 +15,5 @@ __all__ = [
     "approvals_api",
     "same_origin",
     "served_over_https",
+    "tools_api",
 ]

@@ -43,6 +43,18 @@ def admin_app(guard: AdminGuard, *parts: Callable[[web.Application], None]) -> w
     return app
 
 
+def tools_api(names: Callable[[], list[str]]) -> Callable[[web.Application], None]:
+    """GET /tools: the declared tools in force, by name (behind the admin token, not on /healthz)."""
+
+    async def listing(request: web.Request) -> web.Response:
+        return web.json_response({"tools": names()})
+
+    def add_routes(app: web.Application) -> None:
+        app.router.add_get("/tools", listing)
+
+    return add_routes
+
+
 def approvals_api(store: Store) -> Callable[[web.Application], None]:
     """The approvals API, for the admin sub-app (behind its guard).
 

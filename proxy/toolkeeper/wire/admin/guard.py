@@ -4,6 +4,7 @@ then whether that role may reach the path, and, for a session's change, its CSRF
 
 from __future__ import annotations
 
+import html
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -16,6 +17,9 @@ from toolkeeper.store import Store, StoreError
 from toolkeeper.wire.admin.sessions import SESSION_COOKIE, Sessions, same
 
 PREFIX = "/toolkeeper"
+# What every page toolkeeper serves carries (the console's layout adds its own script's permission)
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'", "Cache-Control": "no-store",
+                "X-Content-Type-Options": "nosniff"}
 SAFE_METHODS = ("GET", "HEAD")
 
 Refusal = Callable[[web.Request], Awaitable[web.StreamResponse | None]]  # None: the guard's own 401
@@ -23,6 +27,15 @@ Refusal = Callable[[web.Request], Awaitable[web.StreamResponse | None]]  # None:
 
 def json_error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
+
+
+def refused(request: web.Request, message: str) -> web.Response:
+    """A 403: a page for a person's browser (it asks for HTML), JSON for a script."""
+    if "text/html" not in request.headers.get("Accept", ""):
+        return json_error(403, message)
+    body = (f"<!doctype html><meta charset=utf-8><title>Not for this role</title><h1>Not for this role</h1>"
+            f"<p>{html.escape(printable(message))}</p><p><a href='{PREFIX}/'>back</a></p>")
+    return web.Response(status=403, text=body, content_type="text/html", headers=PAGE_HEADERS)
 
 
 # Who may reach what: a named token's role (`toolkeeper tokens add NAME --role ROLE`); the admin token is `admin`.
@@ -82,8 +95,8 @@ class AdminGuard:
             if request.path in self.public or who is not None:
                 allowed = next((roles for prefix, roles in ROLES.items() if request.path.startswith(prefix)), None)
                 if who is not None and allowed is not None and who[1] not in allowed:
-                    return json_error(403, f"{who[0]} ({who[1]}) may not reach {request.path}: it needs the "
-                                           f"{' or '.join(sorted(allowed))} role")
+                    return refused(request, f"{who[0]} ({who[1]}) may not reach {request.path}: it needs the "
+                                            f"{' or '.join(sorted(allowed))} role")
                 if who is not None and (forged := await self.forged(request)):
                     return json_error(403, forged)
                 request["identity"] = who

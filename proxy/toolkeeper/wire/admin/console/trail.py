@@ -150,7 +150,8 @@ class TrailPages:
         table = ("<table><thead><tr><th>time</th><th>status</th><th>tool</th><th>duration</th><th>decision</th>"
                  "<th>approver</th><th>identity header</th><th>agent</th></tr></thead>"
                  f"<tbody>{''.join(_row(r) for r in shown.entries)}</tbody></table>")
-        body = (f"{self._form(query, choices)}<p><span id=total>{total}</span> calls match · export {exports}</p>"
+        matches = "call matches" if total == 1 else "calls match"
+        body = (f"{self._form(query, choices)}<p><span id=total>{total}</span> {matches} · export {exports}</p>"
                 f"{chain}<nav class=paging>{paging}</nav>{table}<nav class=paging>{paging}</nav>")
         return page(request, "Audit trail", body)
 
