@@ -32,15 +32,12 @@ from toolkeeper.policy import (
     rules_in_force,
 )
 from toolkeeper.runners import runners_for
-from toolkeeper.settings import TOKEN_VARIABLE, Settings
+from toolkeeper.settings import AUDIT_FILE, STORE_FILE, TOKEN_VARIABLE, Settings
 from toolkeeper.store import Store, open_store
 from toolkeeper.tools import Agent, AgentFileError, lint_agent, load_agent_file, load_agent_keys
 from toolkeeper.wire import AdminGuard, Check, Console, OtlpExporter, admin_app, approvals_api, proxy_app, tools_api
 
 log = logging.getLogger("toolkeeper")
-
-STORE_FILE = "toolkeeper.sqlite3"
-AUDIT_FILE = "toolkeeper-audit.sqlite3"
 
 
 @dataclass

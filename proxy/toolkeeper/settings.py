@@ -16,12 +16,16 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import sys
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 TOKEN_VARIABLE = "TOOLKEEPER_ADMIN_TOKEN"  # noqa: S105 - the variable's name, not a token
 PREFIX = "TOOLKEEPER_"
 CONFIG_VARIABLE = "TOOLKEEPER_CONFIG"
+STORE_FILE = "toolkeeper.sqlite3"  # serve's store and trail, next to the agent file unless set
+AUDIT_FILE = "toolkeeper-audit.sqlite3"
 
 
 class SettingsError(ValueError):
@@ -52,6 +56,8 @@ def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, m
 
 @dataclass(frozen=True)
 class Settings:
+    agent_file: str | None = option(None, "the agent file (YAML) declaring the tools, instead of serve's argument; the "
+                                     "other commands find serve's store and trail next to it", metavar="FILE")
     host: str = option("127.0.0.1", "the address to listen on")
     port: int = option(8787, "the port to listen on; 0 picks a free one")
     upstream: str | None = option(None, "the model server's base URL, instead of the agent file's `upstream:`")
@@ -116,6 +122,40 @@ class Settings:
             raise SettingsError(f"{TOKEN_VARIABLE} is a placeholder or shorter than {MIN_TOKEN_LENGTH} characters, "
                                 f"and toolkeeper would listen on {self.host}, beyond this machine: make one with "
                                 "`openssl rand -hex 32` (or listen on 127.0.0.1)")
+
+    def kept(self, what: str) -> str:
+        """Where serve keeps its `store` or its `audit` trail: the setting, else its file next to the agent file
+        (in the current directory when no agent file is named)."""
+        given = getattr(self, what)
+        if given:
+            return given
+        name = STORE_FILE if what == "store" else AUDIT_FILE
+        return str(Path(self.agent_file).parent / name) if self.agent_file else name
+
+    @property
+    def local_url(self) -> str:
+        """Where a command on this machine reaches serve: its address, a wildcard one as loopback."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)  # noqa: S104
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    @classmethod
+    def client_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """What the commands that talk to serve, or read its store and trail, take to find them: the same config
+        file and TOOLKEEPER_* variables as serve."""
+        parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                            help=f"serve's config file, to find what it serves (default: ${CONFIG_VARIABLE})")
+        parser.add_argument("--agent-file", metavar="FILE", default=argparse.SUPPRESS,
+                            help="serve's agent file: its store and trail are next to it unless set (default: "
+                            "$TOOLKEEPER_AGENT_FILE, or `agent_file:` in the config file)")
+
+    @classmethod
+    def for_command(cls, arguments: argparse.Namespace) -> Settings:
+        """A command's settings, or its exit with what is wrong."""
+        try:
+            return cls.from_arguments(arguments)
+        except SettingsError as exc:
+            print(f"toolkeeper: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

@@ -1,7 +1,9 @@
 """`toolkeeper approvals [--always]`, `approve ID [--always]`, `deny ID [--reason]`, `revoke ID`.
 
-Clients of the admin API: the token comes from $TOOLKEEPER_ADMIN_TOKEN, the
-server is the one at --url. Every value shown has its control characters
+Clients of the admin API, finding serve the way serve finds its settings: the
+server is the one at --url, else the host and port of serve's --config file and
+TOOLKEEPER_* variables; the token is $TOOLKEEPER_ADMIN_TOKEN (or its _FILE, or
+`admin_token_file:` in the config file). Every value shown has its control characters
 escaped: what the model wrote cannot rewrite the lines above it.
 """
 
@@ -11,9 +13,9 @@ import argparse
 import contextlib
 import getpass
 import json
-import os
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -26,14 +28,15 @@ APPROVALS = "/toolkeeper/approvals"
 def add_parser(commands: argparse._SubParsersAction) -> None:
     default_url = f"http://{Settings.host}:{Settings.port}"
     admin = argparse.ArgumentParser(add_help=False)
-    admin.add_argument("--url", default=default_url,
-                       help=f"toolkeeper's address (default {default_url}); the token comes from ${TOKEN_VARIABLE}")
+    admin.add_argument("--url", help=f"toolkeeper's address (default: the host and port of --config and "
+                       f"$TOOLKEEPER_HOST/PORT, else {default_url}); the token comes from ${TOKEN_VARIABLE}")
+    Settings.client_arguments(admin)
     listing = commands.add_parser("approvals", parents=[admin], help="list the calls waiting for approval")
     listing.add_argument("--always", action="store_true", help="list the always grants in force instead")
-    listing.set_defaults(run=lambda args: grants_command(args.url) if args.always else list_command(args.url))
+    listing.set_defaults(run=lambda args: grants_command(server(args)) if args.always else list_command(server(args)))
     revoke = commands.add_parser("revoke", parents=[admin], help="revoke an always grant")
     revoke.add_argument("id", help="the grant's id, as `toolkeeper approvals --always` lists it (al_...)")
-    revoke.set_defaults(run=lambda args: revoke_command(args.url, args.id))
+    revoke.set_defaults(run=lambda args: revoke_command(server(args), args.id))
     approve = commands.add_parser("approve", parents=[admin], help="approve a waiting call")
     approve.add_argument("id", help="the waiting call's id, as `toolkeeper approvals` lists it (ap_...)")
     approve.add_argument("--always", action="store_true",
@@ -45,17 +48,28 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     deny.add_argument("--as", dest="approver", help="who denies (default: your user name)")
     for verb in (approve, deny):
         verb.set_defaults(run=lambda args: answer_command(
-            args.url, args.id, args.command, always=getattr(args, "always", False),
+            server(args), args.id, args.command, always=getattr(args, "always", False),
             reason=getattr(args, "reason", None), approver=args.approver))
 
 
-def _call(url: str, method: str = "GET", body: dict | None = None) -> dict:
+@dataclass(frozen=True)
+class Server:
+    url: str
+    token: str
+
+
+def server(args: argparse.Namespace) -> Server:
+    settings = Settings.for_command(args)
+    return Server((args.url or settings.local_url).rstrip("/"), settings.admin_token or "")
+
+
+def _call(at: Server, path: str, method: str = "GET", body: dict | None = None) -> dict:
+    url = at.url + path
     if not url.startswith(("http://", "https://")):
-        raise SystemExit(f"toolkeeper: --url must be an http:// or https:// address, not {url!r}")
-    token = os.environ.get(TOKEN_VARIABLE, "")
+        raise SystemExit(f"toolkeeper: --url must be an http:// or https:// address, not {at.url!r}")
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, method=method, data=data,  # noqa: S310 - http(s) only, checked above
-                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    headers = {"Authorization": f"Bearer {at.token}", "Content-Type": "application/json"}
+    request = urllib.request.Request(url, method=method, data=data, headers=headers)  # noqa: S310 - http(s), checked
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310
             return json.loads(answer.read())
@@ -65,11 +79,12 @@ def _call(url: str, method: str = "GET", body: dict | None = None) -> dict:
             detail = json.loads(detail).get("error", detail)
         raise SystemExit(printable(f"toolkeeper: {exc.code}: {detail}")) from None
     except urllib.error.URLError as exc:
-        raise SystemExit(f"toolkeeper: cannot reach {url}: {exc.reason}") from None
+        raise SystemExit(f"toolkeeper: cannot reach {at.url}: {exc.reason} (serve's address: --url, or its --config, "
+                         "or $TOOLKEEPER_HOST and $TOOLKEEPER_PORT)") from None
 
 
-def list_command(base: str) -> int:
-    waiting = _call(base.rstrip("/") + APPROVALS)["approvals"]
+def list_command(at: Server) -> int:
+    waiting = _call(at, APPROVALS)["approvals"]
     if not waiting:
         print("nothing waits for approval")
         return 0
@@ -84,8 +99,8 @@ def list_command(base: str) -> int:
     return 0
 
 
-def grants_command(base: str) -> int:
-    grants = _call(base.rstrip("/") + APPROVALS + "/always")["grants"]
+def grants_command(at: Server) -> int:
+    grants = _call(at, APPROVALS + "/always")["grants"]
     if not grants:
         print("no always grant is in force")
     for grant in grants:
@@ -95,20 +110,20 @@ def grants_command(base: str) -> int:
     return 0
 
 
-def revoke_command(base: str, grant_id: str) -> int:
-    _call(f"{base.rstrip('/')}{APPROVALS}/always/{grant_id}/revoke", "POST", {})
+def revoke_command(at: Server, grant_id: str) -> int:
+    _call(at, f"{APPROVALS}/always/{grant_id}/revoke", "POST", {})
     print(f"{printable(grant_id)}: revoked")
     return 0
 
 
-def answer_command(base: str, approval_id: str, verb: str, *, always: bool = False, reason: str | None = None,
+def answer_command(at: Server, approval_id: str, verb: str, *, always: bool = False, reason: str | None = None,
                    approver: str | None = None) -> int:
     body: dict[str, Any] = {"approver": approver or getpass.getuser()}
     if always:
         body["always"] = True
     if reason:
         body["reason"] = reason
-    result = _call(f"{base.rstrip('/')}{APPROVALS}/{approval_id}/{verb}", "POST", body)
+    result = _call(at, f"{APPROVALS}/{approval_id}/{verb}", "POST", body)
     if result.get("note"):
         suffix = f" ({result['note']})"
     elif result.get("granted"):

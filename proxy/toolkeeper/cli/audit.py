@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 from toolkeeper.audit import FORMATS, SOURCES, STATUSES, AuditEntry, AuditError, DamagedTrail, SQLAudit, open_audit
 from toolkeeper.common import printable
 from toolkeeper.database import is_postgres_url
+from toolkeeper.settings import Settings
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -34,9 +34,11 @@ def since(text: str | None, flag: str = "--since") -> float | None:
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     trail = argparse.ArgumentParser(add_help=False)
-    trail.add_argument("--db", default=argparse.SUPPRESS,
+    trail.add_argument("--db", "--audit", dest="audit", default=argparse.SUPPRESS,
                        help="the audit trail: serve's --audit (an SQLite file, or a postgresql:// URL); default "
-                       "$TOOLKEEPER_AUDIT, else ./toolkeeper-audit.sqlite3")
+                       "$TOOLKEEPER_AUDIT, else the config file's, else toolkeeper-audit.sqlite3 next to the agent "
+                       "file, else in the current directory")
+    Settings.client_arguments(trail)
     audit = commands.add_parser("audit", parents=[trail],
                                 help="read the audit trail: list, show, tail, export, verify")
     audit.set_defaults(run=run)
@@ -83,10 +85,12 @@ def line(record: AuditEntry) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    args.db = getattr(args, "db", None) or os.environ.get("TOOLKEEPER_AUDIT") or "toolkeeper-audit.sqlite3"
+    args.db = Settings.for_command(args).kept("audit")
     postgres = is_postgres_url(args.db)
     if not postgres and not Path(args.db).exists():
-        print(f"toolkeeper: no audit database at {args.db}", file=sys.stderr)
+        print(f"toolkeeper: no audit trail at {args.db}: name serve's trail with --db, or its agent file with "
+              "--agent-file (the trail is next to it unless serve was given --audit), or serve's --config",
+              file=sys.stderr)
         return 2
     try:
         audit = open_audit(args.db)

@@ -17,7 +17,9 @@ log = logging.getLogger("toolkeeper")
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser("serve", help="run the proxy in front of the agent file's upstream")
-    serve.add_argument("agent_file", help="the agent file (YAML) declaring the tools")
+    serve.add_argument("agent_path", metavar="agent_file", nargs="?",
+                       help="the agent file (YAML) declaring the tools (or --agent-file, $TOOLKEEPER_AGENT_FILE, "
+                       "`agent_file:` in the config file)")
     Settings.add_arguments(serve)
     serve.set_defaults(run=run)
 
@@ -34,17 +36,22 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
+    agent_file = args.agent_path or settings.agent_file
+    if not agent_file:
+        print("toolkeeper: serve needs the agent file: `toolkeeper serve agent.yaml` (or `agent_file:` in the "
+              "config file, or $TOOLKEEPER_AGENT_FILE)", file=sys.stderr)
+        return 2
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        agent = load_agent_file(args.agent_file, upstream=settings.upstream)
+        agent = load_agent_file(agent_file, upstream=settings.upstream)
         if not linted(agent):
             return 2
         workers = worker_count(settings)
         if workers > 1:
             def worker(given: Settings, ready_fd: int | None) -> int:
                 try:  # a worker started again after a reload serves what its siblings serve
-                    current = load_agent_file(args.agent_file, upstream=settings.upstream)
+                    current = load_agent_file(agent_file, upstream=settings.upstream)
                 except AgentFileError:
                     current = agent
                 return asyncio.run(serve(current, given, worker=True, ready_fd=ready_fd))

@@ -2,20 +2,22 @@
 
 Named tokens, for the people who answer calls and read the trail: an approval records the token's name, not a
 name the caller gives. They live in the store (hashed: the token is printed once, never kept), so every replica
-and worker sharing the store knows them. Run where the store is: `--store`, else $TOOLKEEPER_STORE, else
-./toolkeeper.sqlite3 (serve's default, next to the agent file).
+and worker sharing the store knows them. The store is serve's, found as serve finds it: `--store`, else
+$TOOLKEEPER_STORE, else `store:` in the --config file, else toolkeeper.sqlite3 next to the agent file (--agent-file,
+$TOOLKEEPER_AGENT_FILE, `agent_file:`), else in the current directory.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import sqlite3
 import sys
 from datetime import datetime
 from pathlib import Path
+
+from toolkeeper.settings import Settings
 
 ROLES = ("approver", "auditor", "admin")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")  # what records and listings show, as it is
@@ -24,7 +26,9 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")  # what records and listi
 def add_parser(commands: argparse._SubParsersAction) -> None:
     where = argparse.ArgumentParser(add_help=False)
     where.add_argument("--store", default=argparse.SUPPRESS, help="serve's --store (an SQLite file or a "
-                       "postgresql:// URL); default $TOOLKEEPER_STORE, else ./toolkeeper.sqlite3")
+                       "postgresql:// URL); default $TOOLKEEPER_STORE, else the config file's, else "
+                       "toolkeeper.sqlite3 next to the agent file, else in the current directory")
+    Settings.client_arguments(where)
     tokens = commands.add_parser("tokens", parents=[where], help="named tokens for approvers and auditors")
     verbs = tokens.add_subparsers(dest="tokens_command", required=True)
     add = verbs.add_parser("add", parents=[where], help="a new token, printed once")
@@ -42,11 +46,12 @@ def run(args: argparse.Namespace) -> int:
     from toolkeeper.database import is_postgres_url
     from toolkeeper.store import SchemaError, StoreError, open_store
 
-    location = getattr(args, "store", None) or os.environ.get("TOOLKEEPER_STORE") or "toolkeeper.sqlite3"
+    location = Settings.for_command(args).kept("store")
     # `add` makes the store (serve uses the same file, before or after); reading or revoking needs one there
     if args.tokens_command != "add" and not is_postgres_url(location) and not Path(location).exists():
-        print(f"toolkeeper: no store at {location}: name serve's store with --store (by default "
-              "toolkeeper.sqlite3 next to the agent file, made when toolkeeper first starts)", file=sys.stderr)
+        print(f"toolkeeper: no store at {location}: name serve's store with --store, or its agent file with "
+              "--agent-file (the store is next to it unless serve was given --store), or serve's --config",
+              file=sys.stderr)
         return 2
     name = getattr(args, "name", None)
     if name is not None and (not NAME.fullmatch(name) or name == "admin"):
