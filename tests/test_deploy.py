@@ -4,6 +4,7 @@ HAProxy config checked, the Dockerfile's build context built into a wheel, the s
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import shutil
 import subprocess
@@ -37,6 +38,72 @@ def test_each_manifest_is_valid_for_kubernetes(path):
 
 def deployment() -> dict:
     return yaml.safe_load((KUBERNETES / "deployment.yaml").read_text())
+
+
+@functools.cache
+def rendered() -> tuple[dict, ...]:
+    """deploy/kubernetes as `kubectl apply -k` sends it, rendered by kustomize itself (`kubectl kustomize`)."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is needed: scripts/test installs Debian's kubernetes-client"
+    made = subprocess.run([kubectl, "kustomize", str(KUBERNETES)], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    return tuple(document for document in yaml.safe_load_all(made.stdout) if document)
+
+
+def test_what_apply_k_sends_is_valid_and_never_overwrites_the_secret():
+    kinds = []
+    for document in rendered():
+        kubernetes_validate.validate(document, kubernetes_validate.latest_version(), strict=True)
+        kinds.append(document["kind"])
+        if document["kind"] != "Namespace":
+            assert document["metadata"]["namespace"] == "toolkeeper", document["metadata"]["name"]
+    assert "Secret" not in kinds  # made once by `kubectl create secret`: a re-apply must not replace it
+    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "PodDisruptionBudget"} <= set(kinds)
+    pod = next(d for d in rendered() if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert {"secretName": "toolkeeper", "defaultMode": 0o440} in [v.get("secret") for v in pod["volumes"]]
+
+
+def test_the_autoscaler_alone_owns_the_number_of_pods():
+    autoscaler = next(d for d in rendered() if d["kind"] == "HorizontalPodAutoscaler")
+    target = next(d for d in rendered() if d["kind"] == "Deployment")
+    assert autoscaler["spec"]["scaleTargetRef"]["name"] == target["metadata"]["name"]
+    assert "replicas" not in target["spec"]  # else every re-apply resets what the autoscaler chose
+    assert autoscaler["spec"]["minReplicas"] >= 2
+
+
+def unreadable_mounts(pod: dict) -> list[str]:
+    """The files of the pod's Secret and ConfigMap volumes its container's user cannot read. The kubelet writes
+    them owned by root, in the group `fsGroup` (root's without one), with the volume's mode (default 0644)."""
+    container = pod["containers"][0]
+    context = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
+    user = context.get("runAsUser", 0)
+    groups = {context.get("runAsGroup", 0), *context.get("supplementalGroups", ())}
+    file_group = pod.get("securityContext", {}).get("fsGroup", 0)
+    if "fsGroup" in pod.get("securityContext", {}):
+        groups.add(file_group)
+    mounted = {mount["name"] for mount in container["volumeMounts"]}
+    unreadable = []
+    for volume in pod["volumes"]:
+        source = volume.get("secret") or volume.get("configMap")
+        if volume["name"] not in mounted or source is None:
+            continue
+        mode = source.get("defaultMode", 0o644)
+        readable = user == 0 or mode & 0o004 or (mode & 0o040 and file_group in groups)
+        if not readable:
+            unreadable.append(volume["name"])
+    return unreadable
+
+
+def test_the_pods_user_reads_every_file_mounted_into_it_and_no_one_else_reads_the_secret():
+    pod = next(d for d in rendered() if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert unreadable_mounts(pod) == []
+    secret = next(v["secret"] for v in pod["volumes"] if "secret" in v)
+    assert secret["defaultMode"] & 0o007 == 0  # not the world's
+    # the check itself: the manifests' earlier 0400 without fsGroup, owned by root, is unreadable by uid 10001
+    before = copy.deepcopy(pod)
+    del before["securityContext"]["fsGroup"]
+    next(v for v in before["volumes"] if "secret" in v)["secret"]["defaultMode"] = 0o400
+    assert unreadable_mounts(before) == ["secrets"]
 
 
 def test_the_deployment_probes_limits_and_runs_unprivileged_on_a_read_only_root():
@@ -89,6 +156,44 @@ def test_the_compose_file_runs_two_replicas_postgresql_opa_and_a_balancer():
     assert checked.returncode == 0, checked.stderr
     config = (DEPLOY / "compose" / "haproxy.cfg").read_text()
     assert "server a toolkeeper-a:8787" in config and "server b toolkeeper-b:8787" in config
+
+
+def binds(service: dict) -> list[tuple[Path, str, bool]]:
+    """A compose service's bind mounts: the host path (from deploy/compose), the container path, read-only."""
+    found = []
+    for volume in service.get("volumes", []):
+        parts = volume.split(":")
+        if parts[0].startswith((".", "/")):
+            found.append(((DEPLOY / "compose" / parts[0]).resolve(), parts[1], "ro" in parts[2:]))
+    return found
+
+
+def on_host(mounts: list[tuple[Path, str, bool]], inside: str) -> Path | None:
+    """The host file a container path shows, through the deepest mount holding it."""
+    holding = [(source, target) for source, target, _ in mounts if inside == target or inside.startswith(target + "/")]
+    if not holding:
+        return None
+    source, target = max(holding, key=lambda pair: len(pair[1]))
+    return source / inside[len(target):].lstrip("/") if inside != target else source
+
+
+def test_every_compose_mount_exists_none_needs_room_in_a_read_only_one_and_the_config_finds_the_agent():
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+    for name, service in compose["services"].items():
+        mounts = binds(service)
+        for source, target, _ in mounts:
+            assert source.exists(), f"{name}: {source} is mounted but is not in the repository"
+            for outer, outer_target, read_only in mounts:
+                nested = target.startswith(outer_target.rstrip("/") + "/")
+                relative = target[len(outer_target):].lstrip("/")
+                # docker makes the mountpoint inside the outer mount: a read-only one must already hold it
+                assert not (nested and read_only and not (outer / relative).exists()), f"{name}: {target}"
+    toolkeeper = compose["services"]["toolkeeper-a"]
+    config_path = toolkeeper["command"][toolkeeper["command"].index("--config") + 1]
+    config_file = on_host(binds(toolkeeper), config_path)
+    assert config_file is not None and config_file.is_file()
+    agent_file = on_host(binds(toolkeeper), read_config(str(config_file))["agent_file"])
+    assert agent_file is not None and load_agent_file(agent_file).tools
 
 
 def test_the_dockerfile_builds_a_wheel_from_what_it_copies_and_runs_as_a_user(tmp_path):
