@@ -31,17 +31,21 @@ rules:
 """
 
 
-@pytest.fixture(scope="module")
-def tkh(scripted, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("hosted")
+def toolkeeper_with_rules(scripted, directory, rules: str):
+    """A toolkeeper on the standard agent with these rules, its trail in directory/audit.sqlite3."""
     write_agent(directory, STANDARD_AGENT)
-    (directory / "rules.yaml").write_text(RULES)
+    (directory / "rules.yaml").write_text(rules)
     process = start_toolkeeper(directory / "agent.yaml", scripted.base_url, "--policy", str(directory / "rules.yaml"),
                                "--audit", str(directory / "audit.sqlite3"), "--store", ":memory:")
     tk = Toolkeeper(process, directory)
     yield tk
     tk.close_clients()
     process.stop()
+
+
+@pytest.fixture(scope="module")
+def tkh(scripted, tmp_path_factory):
+    yield from toolkeeper_with_rules(scripted, tmp_path_factory.mktemp("hosted"), RULES)
 
 
 def hosted_records(tk: Toolkeeper) -> list[dict]:
@@ -123,15 +127,7 @@ rules:
 
 @pytest.fixture(scope="module")
 def tkm(scripted, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("hosted-mcp")
-    write_agent(directory, STANDARD_AGENT)
-    (directory / "rules.yaml").write_text(MCP_RULES)
-    process = start_toolkeeper(directory / "agent.yaml", scripted.base_url, "--policy", str(directory / "rules.yaml"),
-                               "--audit", str(directory / "audit.sqlite3"), "--store", ":memory:")
-    tk = Toolkeeper(process, directory)
-    yield tk
-    tk.close_clients()
-    process.stop()
+    yield from toolkeeper_with_rules(scripted, tmp_path_factory.mktemp("hosted-mcp"), MCP_RULES)
 
 
 def approval_request(request_id: str, name: str, arguments: dict) -> dict:
