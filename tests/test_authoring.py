@@ -1,5 +1,6 @@
-"""Writing good tools: `check` (each finding code), `schema` (what the model really receives), `eval` (seed 001's
-method on the scripted model), `model` (the scripted model as a command), and every option's help."""
+"""Writing good tools: `check` (each finding code), `schema` (what the model really receives), `eval` (success
+rates on the scripted model, with the script the eval how-to ships), `model` (the scripted model as a command), and
+every option's help."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import re
 import sys
 import textwrap
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -222,20 +224,7 @@ def test_schema_style_overrides_the_files_own(tmp_path):
 
 # -- model and eval ---------------------------------------------------------------------------
 
-EVAL_SCRIPT = """
-- {when: "1.4.2 to the beta", answering: false, repeat: true, offered: release,
-   tool_calls: [{name: release, arguments: {version: "1.4.2", channel: beta}}]}
-- {when: "sur le canal", answering: false, repeat: true, offered: release,
-   tool_calls: [{name: release, arguments: {version: "1.4.2 beta"}}]}
-- {when: "billing", answering: false, repeat: true, offered: check_service,
-   tool_calls: [{name: check_service, arguments: {service: billing}}]}
-- {when: "greet", answering: false, repeat: true, offered: test_package,
-   tool_calls: [{name: test_package, arguments: {package: greet}}]}
-- {when: "1.4.2 to the beta", repeat: true, offered: shell,
-   tool_calls: [{name: shell, arguments: {command: "./release.sh 1.4.2 --channel=beta"}}]}
-- {answering: true, repeat: true, content: "Done."}
-- {repeat: true, content: "I cannot do that."}
-"""
+EVAL_MODEL = EXAMPLE / "eval-model.yaml"  # the script docs/how-to/measure-your-tools-with-eval.md runs
 
 
 def model(script: Path) -> Process:
@@ -244,8 +233,7 @@ def model(script: Path) -> Process:
 
 
 def test_eval_on_the_scripted_model_gives_the_table_and_the_json(tmp_path):
-    (tmp_path / "script.yaml").write_text(textwrap.dedent(EVAL_SCRIPT))
-    server = model(tmp_path / "script.yaml")
+    server = model(EVAL_MODEL)
     try:
         done = run_cli("eval", str(EXAMPLE / "eval.yaml"), "--base-url", server.url, "--model", "scripted",
                           "--runs", "2", "--json", str(tmp_path / "report.json"), cwd=tmp_path, timeout=300)
@@ -311,6 +299,41 @@ def test_the_scripted_model_answers_a_steps_content_in_every_api(tmp_path, api):
     assert "Hello from the script." in text
 
 
+def ask_chat(base_url: str, messages: list[dict]) -> tuple[int, dict]:
+    """One Chat Completions request: the status and the JSON body, an error's included."""
+    request = urllib.request.Request(base_url + "/chat/completions", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"model": "m", "messages": messages}).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_a_script_whose_steps_repeat_answers_every_client_and_a_used_up_one_says_how_to_keep_it(tmp_path):
+    """The tutorial's script: the second client is answered as the first was (issue 28: it once got a 500)."""
+    (tmp_path / "keeps.yaml").write_text(textwrap.dedent("""
+        - {answering: false, repeat: true, tool_calls: [{name: greet, arguments: {who: Ada}}]}
+        - {answering: true, repeat: true, content: "The tool said: {tool_result}"}
+    """))
+    (tmp_path / "once.yaml").write_text("- {content: once}\n")
+    question = {"role": "user", "content": "Say hello to Ada."}
+    keeps, once = model(tmp_path / "keeps.yaml"), model(tmp_path / "once.yaml")
+    try:
+        for _client in range(3):
+            status, called = ask_chat(keeps.url, [question])
+            call = called["choices"][0]["message"]["tool_calls"][0]
+            result = {"role": "tool", "tool_call_id": call["id"], "content": "Hello, Ada!"}
+            status, answered = ask_chat(keeps.url, [question, called["choices"][0]["message"], result])
+            assert status == 200 and answered["choices"][0]["message"]["content"] == "The tool said: Hello, Ada!"
+        assert ask_chat(once.url, [question])[0] == 200
+        status, used_up = ask_chat(once.url, [question])
+    finally:
+        keeps.stop()
+        once.stop()
+    assert status == 500 and "`repeat: true`" in used_up["error"]["message"]
+
+
 def test_the_scripted_model_refuses_a_script_that_is_not_a_list_of_steps(tmp_path):
     (tmp_path / "script.yaml").write_text("content: not a list\n")
     done = run_cli("model", "--script", str(tmp_path / "script.yaml"))
@@ -319,8 +342,7 @@ def test_the_scripted_model_refuses_a_script_that_is_not_a_list_of_steps(tmp_pat
 
 def test_toolkeeper_in_front_of_the_scripted_model_needs_no_model_at_all(tmp_path):
     """The offline first run: `toolkeeper model` as the upstream of `toolkeeper serve`."""
-    (tmp_path / "script.yaml").write_text(textwrap.dedent(EVAL_SCRIPT))
-    server = model(tmp_path / "script.yaml")
+    server = model(EVAL_MODEL)
     tk = Toolkeeper(start_toolkeeper(EXAMPLE / "agent.yaml", server.url, "--consent", "none",
                                      "--store", str(tmp_path / "s.db"), "--audit", str(tmp_path / "a.db")), tmp_path)
     try:

@@ -1,4 +1,7 @@
-"""`toolkeeper eval CASES.yaml --base-url URL --model M`: seed 001's method, against any OpenAI-compatible endpoint.
+"""`toolkeeper eval CASES.yaml --base-url URL --model M`: how often a model has exactly the right command run, each
+case asked several times, declared tools against a skill and a shell, on any OpenAI-compatible endpoint. The method
+that found a 12B model right 30/30 times with declared tools and 15/30 with a skill and a shell
+(docs/explanation/declared-tools.md).
 
     cases file:  agent: agent.yaml        (relative to the cases file)
                  cases:
@@ -80,7 +83,8 @@ class Report:
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    command = commands.add_parser("eval", help="measure how often a model calls your tools right (seed 001's method)")
+    command = commands.add_parser("eval", help="measure how often a model calls your tools right: declared "
+                                                "tools against a skill and a shell")
     command.add_argument("cases", help="the cases file (YAML): `agent:` and `cases:` of {name, prompt, tool, argv}")
     command.add_argument("--base-url", required=True, help="the model server's OpenAI-compatible base URL")
     command.add_argument("--model", required=True, help="the model to ask")

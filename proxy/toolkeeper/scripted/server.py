@@ -18,7 +18,9 @@ Any step may carry `"when": "text"`: it then answers only a request whose last
 user message contains that text (for concurrent conversations), and
 `"answering": true` (or false): only a request that ends (or does not end)
 with tool results, so a repeated step answers retried requests alike; and
-`"offered": "name"`: only a request that offers a tool of that name.
+`"offered": "name"`: only a request that offers a tool of that name. A step answers
+once and is used up, unless it says `"repeat": true`: it then answers every
+request it fits, so a script whose steps all repeat serves any number of clients.
 
 In `content`, `{tool_result}` is replaced by the last tool message the request
 carried, so a scripted answer can quote what a tool printed.
@@ -47,6 +49,9 @@ from toolkeeper.scripted.chat import MODEL, ChatAnswer
 from toolkeeper.scripted.messages import MessagesScript
 from toolkeeper.scripted.messages import check as check_messages
 from toolkeeper.scripted.responses import Rejected, ResponsesScript
+
+# A used-up script is the first thing a newcomer meets on a second request: the error says the way out.
+KEEP_ANSWERING = " (a step with `repeat: true` answers every request it fits)"
 
 
 class ScriptedModel:
@@ -90,7 +95,7 @@ class ScriptedModel:
                 continue
             if step.get("when") is None or step["when"] in asked:
                 return step if step.get("repeat") else self.steps.pop(position)
-        return {"status": 500, "body": {"error": {"message": "no scripted response fits this request",
+        return {"status": 500, "body": {"error": {"message": f"no scripted response fits this request{KEEP_ANSWERING}",
                                                   "type": "server_error"}}}
 
     # -- control -------------------------------------------------------------
@@ -189,7 +194,7 @@ class ScriptedModel:
         body = orjson.loads(await request.read())
         self.requests.append({"body": body, "headers": {str(k): v for k, v in request.headers.items()}})
         if not self.steps:
-            return web.json_response({"error": {"message": "the scripted model has no more responses",
+            return web.json_response({"error": {"message": f"the scripted model has no more responses{KEEP_ANSWERING}",
                                                 "type": "server_error", "code": None}}, status=500)
         step = self._next_step(body)
         if step.get("delay"):

@@ -1,11 +1,13 @@
-"""`toolkeeper check`: an agent file read as the model will read it (seed 002: a tool is a contract written for
-the model). Each finding has a code, the tool and the key, a one-line why and the fix.
+"""`toolkeeper check`: an agent file read as the model will read it (a tool is a contract written for the model: its
+name, description and parameters are all the model knows of it). Each finding has a code, the tool and the key, a
+one-line why and the fix.
 
 Errors are what will go wrong (a name that says nothing, two tools the model cannot tell apart, code from the
 model run by an interpreter); `serve` refuses them at start, as it refuses a file that does not load (a default
 outside its enum, a shell line with placeholders: `check` reports those as E000). Warnings are what makes a
-small model fail more often (seed 001); `serve` logs them once. docs/how-to/write-a-good-tool.md shows each
-code before and after.
+small model fail more often (measured on a 12B model: a typed tool described less carefully failed 5 calls of 30,
+each packing every argument into one field, where the declared tool failed none); `serve` logs them once.
+docs/how-to/write-a-good-tool.md shows each code before and after.
 """
 
 from __future__ import annotations
