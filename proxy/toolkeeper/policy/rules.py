@@ -251,8 +251,8 @@ class Rules:
         never match)."""
         found = []
         for rule in self.rules:
-            if rule.when.source == "agent":
-                continue  # the agent's own tools: not in the agent file
+            if rule.when.source in ("agent", "hosted"):
+                continue  # the agent's own tools and the model server's: not in the agent file
             globs = _globs(rule.when.tool)
             tools = [t for t in agent.tools.values() if globs is None or any(fnmatch.fnmatchcase(t.name, g)
                                                                              for g in globs)]
