@@ -16,11 +16,15 @@ def test_a_placeholder_or_short_admin_token_is_refused_beyond_loopback(token):
     assert run.returncode == 2 and "TOOLKEEPER_ADMIN_TOKEN is a placeholder or shorter than 32" in run.stderr
 
 
-def test_a_short_admin_token_stays_fine_on_loopback():
+def test_a_short_admin_token_stays_fine_on_loopback_and_for_the_commands_that_listen_on_nothing(tmp_path):
     from toolkeeper.settings import Settings
 
-    assert Settings(host="127.0.0.1", admin_token="short").admin_token == "short"
-    assert Settings(host="::1", admin_token="x").host == "::1"
+    Settings(host="127.0.0.1", admin_token="short").check_exposure()
+    Settings(host="::1", admin_token="x").check_exposure()
+    store = str(tmp_path / "store.sqlite3")
+    listed = run_cli("tokens", "list", "--store", store, env={"TOOLKEEPER_HOST": "0.0.0.0",
+                                                              "TOOLKEEPER_ADMIN_TOKEN": "short"})
+    assert "placeholder" not in listed.stderr and "no store at" in listed.stderr
 
 
 # 5. Every command finds the server it belongs to: one config file (or the same TOOLKEEPER_* variables) for all.
@@ -68,6 +72,20 @@ def test_a_command_that_cannot_find_serve_says_how_to_name_it(tmp_path):
 def test_serve_without_an_agent_file_says_where_one_may_come_from():
     run = run_cli("serve", timeout=60)
     assert run.returncode == 2 and "serve needs the agent file" in run.stderr
+
+
+def test_serve_given_two_agent_files_refuses_rather_than_pick_one(tmp_path):
+    run = run_cli("serve", str(ROOT / "declared" / "example" / "agent.yaml"), "--port", "0", timeout=60,
+                  env={"TOOLKEEPER_AGENT_FILE": str(tmp_path / "agent.yaml")})
+    assert run.returncode == 2 and "two agent files" in run.stderr
+
+
+def test_the_address_the_commands_reach_is_serves_with_a_wildcard_as_loopback():
+    from toolkeeper.settings import Settings
+
+    assert Settings(host="0.0.0.0", port=9000).local_url == "http://127.0.0.1:9000"
+    assert Settings(host="[::1]", port=9000).local_url == "http://[::1]:9000"
+    assert Settings(host="::", port=9000).local_url == "http://[::1]:9000"
 
 
 # 10. Small things with a large first impression.

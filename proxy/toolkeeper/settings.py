@@ -113,9 +113,10 @@ class Settings:
     intercept_upstreams: tuple[str, ...] = option((), "the origins (https://host) `toolkeeper intercept` routes: "
                                                       "the only upstreams a signed header may name", flag=False)
 
-    def __post_init__(self) -> None:
+    def check_exposure(self) -> None:
         """Beyond loopback, the admin token guards the approvals and the trail from the network: a placeholder,
-        or one short enough to guess, is refused at start."""
+        or one short enough to guess, is refused when serve starts (the commands that read the store need no
+        such check: they listen on nothing)."""
         token = self.admin_token
         if token is not None and not _loopback(self.host) and (
                 len(token) < MIN_TOKEN_LENGTH or token.strip().lower() in PLACEHOLDERS):
@@ -130,12 +131,13 @@ class Settings:
         if given:
             return given
         name = STORE_FILE if what == "store" else AUDIT_FILE
-        return str(Path(self.agent_file).parent / name) if self.agent_file else name
+        return str(Path(self.agent_file).resolve().parent / name) if self.agent_file else name  # as serve does
 
     @property
     def local_url(self) -> str:
         """Where a command on this machine reaches serve: its address, a wildcard one as loopback."""
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)  # noqa: S104
+        host = self.host.strip("[]")
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
     @classmethod

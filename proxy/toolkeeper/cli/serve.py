@@ -9,6 +9,7 @@ import os
 import signal
 import sqlite3
 import sys
+from pathlib import Path
 
 from toolkeeper.settings import Settings, SettingsError
 
@@ -33,13 +34,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         settings = Settings.from_arguments(args)
+        settings.check_exposure()
+        agent_file = the_agent_file(args.agent_path, settings.agent_file)
     except SettingsError as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
-        return 2
-    agent_file = args.agent_path or settings.agent_file
-    if not agent_file:
-        print("toolkeeper: serve needs the agent file: `toolkeeper serve agent.yaml` (or `agent_file:` in the "
-              "config file, or $TOOLKEEPER_AGENT_FILE)", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -105,6 +103,18 @@ async def serve(agent, settings: Settings, *, worker: bool = False, ready_fd: in
     await stop.wait()
     await runner.cleanup()
     return 0
+
+
+def the_agent_file(argument: str | None, setting: str | None) -> str:
+    """The argument or the setting; both, naming two files, is refused: the other commands would look for the
+    store and the trail beside the one serve did not load."""
+    if argument and setting and Path(argument).resolve() != Path(setting).resolve():
+        raise SettingsError(f"two agent files: {argument} (the argument) and {setting} (--agent-file, "
+                            "$TOOLKEEPER_AGENT_FILE or `agent_file:` in the config file): give one")
+    if not (argument or setting):
+        raise SettingsError("serve needs the agent file: `toolkeeper serve agent.yaml` (or `agent_file:` in the "
+                            "config file, or $TOOLKEEPER_AGENT_FILE)")
+    return argument or setting
 
 
 def linted(agent) -> bool:
