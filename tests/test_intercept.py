@@ -46,11 +46,12 @@ AGENT = """
 class Intercept:
     """`toolkeeper intercept` running: the variables it printed, and the pids it named."""
 
-    def __init__(self, directory: Path, *args: str):
+    def __init__(self, directory: Path, *args: str, agent_argument: bool = True):
         self.port = free_port()
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in stop()
+        agent = [str(directory / "agent.yaml")] if agent_argument else []
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "toolkeeper", "intercept", str(directory / "agent.yaml"), "--port", str(self.port),
+            [sys.executable, "-m", "toolkeeper", "intercept", *agent, "--port", str(self.port),
              "--confdir", str(directory / "mitmproxy"), *args], stdout=subprocess.PIPE, stderr=self.log, text=True,
             cwd=ROOT, start_new_session=True)
         lines: list[str] = []
@@ -508,9 +509,11 @@ print(json.dumps(out))
     assert python_client(intercepted, CHAT)["content"] == "back"
 
 
-def test_sigterm_stops_mitmdump_and_toolkeeper(scripted, tmp_path):
+def test_sigterm_stops_mitmdump_and_toolkeeper_started_on_the_agent_file_its_config_names(scripted, tmp_path):
     write_agent(tmp_path, AGENT)
-    running = Intercept(tmp_path, "--map", f"api.model.test={scripted.base_url}")
+    (tmp_path / "toolkeeper.yaml").write_text(f"agent_file: {tmp_path / 'agent.yaml'}\n")
+    running = Intercept(tmp_path, "--map", f"api.model.test={scripted.base_url}", "--",
+                        "--config", str(tmp_path / "toolkeeper.yaml"), agent_argument=False)
     os.killpg(running.popen.pid, signal.SIGTERM)
     assert running.popen.wait(30) == 0
     for pid in (running.toolkeeper_pid, running.proxy_pid):

@@ -81,7 +81,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                                  "HTTPS proxy (mitmproxy) that re-routes its model requests through toolkeeper",
                                  epilog="After --, options for the toolkeeper it starts, as for serve: toolkeeper "
                                  "intercept agent.yaml --port 8080 -- --policy rules.yaml --consent approvals")
-    parser.add_argument("agent_file", nargs="?", help="the agent file (declared tools), as for serve")
+    parser.add_argument("agent_file", nargs="?", help="the agent file (declared tools), as for serve (or "
+                        "`agent_file:` in the config file of serve's options, or $TOOLKEEPER_AGENT_FILE)")
     parser.add_argument("--port", type=int, default=8080, help="the proxy's port, on 127.0.0.1 (default 8080)")
     parser.add_argument("--route", action="append", default=[], metavar="HOST[/PATH]=API",
                         help="also route this host (and path) through toolkeeper, speaking API: chat, responses or "
@@ -125,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
             mitmdump, what = mitmenv.mitmdump(say=lambda line: print(line, file=sys.stderr))
             print(f"{what}: {mitmdump}")
             return 0
-        if not args.agent_file:
-            raise Refused("give the agent file: toolkeeper intercept AGENT_FILE")
+        if not (args.agent_file or serve_finds_its_agent_file(args.serve_options)):
+            raise Refused("give the agent file: toolkeeper intercept AGENT_FILE (or `-- --config FILE` naming it)")
         plan = plan_of(args.route, args.map)
         confdir = writable_confdir(args.confdir)
         port_is_free(args.port)
@@ -135,6 +136,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
     return Interception(args.agent_file, plan, confdir, args.port, mitmdump, what, args.serve_options).run(args.export)
+
+
+def serve_finds_its_agent_file(serve_options: list[str]) -> bool:
+    """Whether the serve it starts may name its agent file itself: from its options or the environment."""
+    named = any(option.startswith(("--config", "--agent-file")) for option in serve_options)
+    return named or bool(os.environ.get("TOOLKEEPER_AGENT_FILE") or os.environ.get("TOOLKEEPER_CONFIG"))
 
 
 def writable_confdir(given: str | None) -> Path:
@@ -185,7 +192,7 @@ def wait_for_port(port: int, process: subprocess.Popen, what: str, timeout: floa
 class Interception:
     """The two processes, started, watched and stopped together."""
 
-    def __init__(self, agent_file: str, plan: Plan, confdir: Path, port: int, mitmdump: Path, what: str,
+    def __init__(self, agent_file: str | None, plan: Plan, confdir: Path, port: int, mitmdump: Path, what: str,
                  serve_options: list[str]):
         self.agent_file, self.plan, self.confdir, self.port = agent_file, plan, confdir, port
         self.mitmdump, self.what, self.serve_options = mitmdump, what, serve_options
@@ -203,7 +210,8 @@ class Interception:
         """toolkeeper on the reserved loopback port, told the secret and the origins it may forward to: its port."""
         env = {**_child_environment(), "TOOLKEEPER_INTERCEPT_SECRET": self.secret,
                "TOOLKEEPER_INTERCEPT_UPSTREAMS": ",".join(self.plan.origins()), "TOOLKEEPER_REUSE_PORT": "1"}
-        self.toolkeeper = _start([sys.executable, "-m", "toolkeeper", "serve", self.agent_file, *self.serve_options,
+        agent_file = [self.agent_file] if self.agent_file else []  # else serve's config or environment names it
+        self.toolkeeper = _start([sys.executable, "-m", "toolkeeper", "serve", *agent_file, *self.serve_options,
                                   "--host", "127.0.0.1", "--port", str(self.toolkeeper_port), "--workers", "1"], env,
                                  stdout=subprocess.PIPE)
         if "listening on" not in _first_line(self.toolkeeper, 60):
