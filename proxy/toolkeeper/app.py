@@ -32,7 +32,7 @@ from toolkeeper.policy import (
     rules_in_force,
 )
 from toolkeeper.runners import runners_for
-from toolkeeper.settings import AUDIT_FILE, STORE_FILE, TOKEN_VARIABLE, Settings
+from toolkeeper.settings import TOKEN_VARIABLE, Settings
 from toolkeeper.store import Store, open_store
 from toolkeeper.tools import Agent, AgentFileError, lint_agent, load_agent_file, load_agent_keys
 from toolkeeper.wire import AdminGuard, Check, Console, OtlpExporter, admin_app, approvals_api, proxy_app, tools_api
@@ -50,12 +50,12 @@ class Stores:
     @classmethod
     def open(cls, agent: Agent, settings: Settings) -> Stores:
         redactor = Redactor.from_settings(settings.redact, settings.redact_only)
-        audit = open_audit(settings.audit or agent.directory / AUDIT_FILE, redactor)
+        audit = open_audit(settings.kept("audit", agent.directory), redactor)
         closed = audit.close_interrupted()
         if closed:
             log.warning("%d calls were left running by a toolkeeper that stopped: closed as interrupted", closed)
         try:
-            store = open_store(settings.store or agent.directory / STORE_FILE)
+            store = open_store(settings.kept("store", agent.directory))
         except BaseException:
             audit.close()
             raise

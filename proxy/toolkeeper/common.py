@@ -6,12 +6,14 @@
   one path from a YAML file to a validated model whose errors name the file,
   the entry and the key (agent files, rules, scenarios);
 - the files toolkeeper ships (the example agent, the default policy), found in
-  a checkout or in the installed wheel.
+  a checkout or in the installed wheel;
+- whether a host name or address is this machine's loopback.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 import unicodedata
@@ -63,6 +65,16 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+def is_loopback(host: str) -> bool:
+    """`localhost`, or a loopback address (`127.0.0.1`, `::1`, `[::1]`): a name that could be anyone's is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def sha256_hex(data: bytes) -> str:

@@ -14,12 +14,13 @@ or `admin_token_file:` names the file. Secrets never appear in a repr or a log.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from toolkeeper.common import is_loopback
 
 TOKEN_VARIABLE = "TOOLKEEPER_ADMIN_TOKEN"  # noqa: S105 - the variable's name, not a token
 PREFIX = "TOOLKEEPER_"
@@ -35,15 +36,6 @@ class SettingsError(ValueError):
 MIN_TOKEN_LENGTH = 32
 PLACEHOLDERS = frozenset({"change-me", "changeme", "change_me", "secret", "password", "admin", "token", "example",
                           "xxx", "x", "test", "replace-me", "todo"})
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, metavar: str | None = None,
@@ -118,20 +110,22 @@ class Settings:
         or one short enough to guess, is refused when serve starts (the commands that read the store need no
         such check: they listen on nothing)."""
         token = self.admin_token
-        if token is not None and not _loopback(self.host) and (
+        if token is not None and not is_loopback(self.host) and (
                 len(token) < MIN_TOKEN_LENGTH or token.strip().lower() in PLACEHOLDERS):
             raise SettingsError(f"{TOKEN_VARIABLE} is a placeholder or shorter than {MIN_TOKEN_LENGTH} characters, "
                                 f"and toolkeeper would listen on {self.host}, beyond this machine: make one with "
                                 "`openssl rand -hex 32` (or listen on 127.0.0.1)")
 
-    def kept(self, what: str) -> str:
+    def kept(self, what: str, agent_directory: Path | None = None) -> str:
         """Where serve keeps its `store` or its `audit` trail: the setting, else its file next to the agent file
-        (in the current directory when no agent file is named)."""
+        (serve's loaded one, else `agent_file`; in the current directory when none is named)."""
         given = getattr(self, what)
         if given:
             return given
         name = STORE_FILE if what == "store" else AUDIT_FILE
-        return str(Path(self.agent_file).resolve().parent / name) if self.agent_file else name  # as serve does
+        if agent_directory is None and self.agent_file:
+            agent_directory = Path(self.agent_file).resolve().parent  # as the agent file's loader resolves it
+        return str(agent_directory / name) if agent_directory else name
 
     @property
     def local_url(self) -> str:

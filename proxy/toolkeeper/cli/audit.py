@@ -85,15 +85,14 @@ def line(record: AuditEntry) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    args.db = Settings.for_command(args).kept("audit")
-    postgres = is_postgres_url(args.db)
-    if not postgres and not Path(args.db).exists():
-        print(f"toolkeeper: no audit trail at {args.db}: name serve's trail with --db, or its agent file with "
+    trail = Settings.for_command(args).kept("audit")
+    if not is_postgres_url(trail) and not Path(trail).exists():
+        print(f"toolkeeper: no audit trail at {trail}: name serve's trail with --db, or its agent file with "
               "--agent-file (the trail is next to it unless serve was given --audit), or serve's --config",
               file=sys.stderr)
         return 2
     try:
-        audit = open_audit(args.db)
+        audit = open_audit(trail)
     except AuditError as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2

@@ -19,12 +19,11 @@
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
-from toolkeeper.common import sha256_hex
+from toolkeeper.common import is_loopback, sha256_hex
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
 from toolkeeper.wire.errors import shape_of
 from toolkeeper.wire.upstream import ROUTED
@@ -81,13 +80,7 @@ def _own_page(origin: str, request: web.Request) -> bool:
     """
     if origin != f"{request.scheme}://{request.host}":
         return False
-    hostname = request.url.host or ""
-    if hostname == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(hostname.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(request.url.host or "")
 
 
 def presented_key(headers: Mapping[str, str]) -> str:
