@@ -26,7 +26,7 @@ APPROVALS = "/toolkeeper/approvals"
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    default_url = f"http://{Settings.host}:{Settings.port}"
+    default_url = Settings().local_url
     admin = argparse.ArgumentParser(add_help=False)
     admin.add_argument("--url", help=f"toolkeeper's address (default: the host and port of --config and "
                        f"$TOOLKEEPER_HOST/PORT, else {default_url}); the token comes from ${TOKEN_VARIABLE}")
