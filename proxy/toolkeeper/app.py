@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from toolkeeper import __version__
 from toolkeeper.audit import Observer, Redactor, SQLAudit, open_audit
-from toolkeeper.engine import CallHandler, Engine, History
+from toolkeeper.engine import CallHandler, Engine, History, HookCalls, McpDoor
 from toolkeeper.metrics import Metrics
 from toolkeeper.policy import (
     ApprovalsConsent,
@@ -31,11 +32,23 @@ from toolkeeper.policy import (
     has_terminal,
     rules_in_force,
 )
-from toolkeeper.runners import runners_for
+from toolkeeper.runners import McpRunner, McpServers, Runner, runners_for
 from toolkeeper.settings import TOKEN_VARIABLE, Settings
 from toolkeeper.store import Store, open_store
 from toolkeeper.tools import Agent, AgentFileError, lint_agent, load_agent_file, load_agent_keys
-from toolkeeper.wire import AdminGuard, Check, Console, OtlpExporter, admin_app, approvals_api, proxy_app, tools_api
+from toolkeeper.wire import (
+    AdminGuard,
+    Check,
+    Console,
+    Doors,
+    OtlpExporter,
+    admin_app,
+    approvals_api,
+    build_server,
+    pins_api,
+    proxy_app,
+    tools_api,
+)
 
 log = logging.getLogger("toolkeeper")
 
@@ -81,9 +94,10 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     metrics = Metrics()
     exporter = OtlpExporter(settings.otlp_endpoint) if settings.otlp_endpoint else None
     observers = [*observers, *([exporter] if exporter else [])]
-    handler = CallHandler(runners=runners_for({tool.spec.runner for tool in agent.tools.values()}), consent=consent,
-                        policy=policy, store=stores.store, observers=[metrics.record, *observers],
-                        audit=stores.audit, forwarded_ttl=settings.history_ttl, metrics=metrics)
+    servers = McpServers(agent.config.mcp_servers, agent.directory)
+    handler = CallHandler(runners=tool_runners(agent, servers), consent=consent,
+                          policy=policy, store=stores.store, observers=[metrics.record, *observers],
+                          audit=stores.audit, forwarded_ttl=settings.history_ttl, metrics=metrics)
     metrics.counted_elsewhere("toolkeeper_approvals_waiting", "Calls waiting for a person's answer now.",
                               lambda: {(): float(handler.waiting)}, kind="gauge")
     history = History(stores.store, settings.history_ttl)
@@ -96,12 +110,16 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
 
     guard = AdminGuard(settings.admin_token, stores.store)
     admin = admin_app(guard, approvals_api(stores.store), Console(stores.audit, stores.store, guard),
-                      tools_api(lambda: sorted(engine.agent.tools)))
+                      tools_api(lambda: sorted(engine.agent.tools)), pins_api(stores.store, stores.audit))
     api_key = os.environ[agent.config.api_key_env] if agent.config.api_key_env else None
+    mcp_server = build_server(McpDoor(engine, servers, stores.store), consent, __version__)
+    doors = Doors(mcp_server, HookCalls(engine.agent_calls), settings.host)
     app = proxy_app(engine, settings, upstream_url=agent.config.upstream, api_key=api_key, metrics=metrics,
-                    admin=admin, agent_keys=agent_keys(agent, settings), checks=stores.checks(), store=stores.store)
+                    admin=admin, agent_keys=agent_keys(agent, settings), checks=stores.checks(), store=stores.store,
+                    doors=doors)
 
     async def close(app: web.Application) -> None:
+        await servers.close()
         if opa is not None:
             await opa.close()
         await stores.close()
@@ -110,7 +128,16 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     if exporter is not None:
         app.cleanup_ctx.append(exporter.run)
     app[RELOAD] = Reloader(engine, settings)
+    app[MCP_SERVER] = mcp_server
     return app
+
+
+def tool_runners(agent: Agent, servers: McpServers) -> dict[str, Runner]:
+    """The runners the declared tools need; an MCP server's tool runs through the agent's connection to it."""
+    runners = runners_for({tool.spec.runner for tool in agent.tools.values()})
+    if servers:
+        runners["mcp"] = McpRunner(servers)
+    return runners
 
 
 class Reloader:
@@ -136,7 +163,7 @@ class Reloader:
         except (AgentFileError, RulesError, OSError, ValueError) as exc:
             log.error("reload failed, the agent file and the rules in force are kept: %s", exc)
             return False
-        for key in ("upstream", "api_key_env", "agents"):
+        for key in ("upstream", "api_key_env", "agents", "mcp_servers"):
             if getattr(agent.config, key) != getattr(old.config, key):
                 log.warning("the agent file's %s changed: it takes effect at the next restart", key)
         handler = self.engine.handler
@@ -148,6 +175,7 @@ class Reloader:
 
 
 RELOAD = web.AppKey("reload", Reloader)
+MCP_SERVER = web.AppKey("mcp_server", object)  # the MCP server of /mcp, also served over stdio by `toolkeeper mcp`
 
 
 def agent_keys(agent: Agent, settings: Settings) -> dict[str, str]:

@@ -98,6 +98,8 @@ class Settings:
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
     admin_token: str | None = option(None, f"the admin API's token, from ${TOKEN_VARIABLE}", flag=False,
                                      secret=True)
+    agent_key: str | None = option(None, "the agent key `toolkeeper hook` presents to serve (one listed under "
+                                         "`agents:`), from $TOOLKEEPER_AGENT_KEY", flag=False, secret=True)
     reuse_port: bool = option(False, "listen with SO_REUSEPORT, so that a supervisor holding the port (toolkeeper "
                                      "intercept) keeps it between restarts", flag=False)
     intercept_secret: str | None = option(None, "the key `toolkeeper intercept` signs X-Toolkeeper-Upstream with "

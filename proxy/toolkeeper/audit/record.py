@@ -24,7 +24,8 @@ CallStatus = Literal["ok", "failed", "invalid", "denied", "timeout", "cancelled"
                      "unanswered", "withheld", "observed"]
 EntryStatus = Literal[CallStatus, "running"]
 STATUSES: tuple[str, ...] = get_args(EntryStatus)
-SOURCES = ("declared", "agent", "hosted")  # who runs the call: toolkeeper, the agent, the model server
+SOURCES = ("declared", "agent", "hosted", "mcp")  # who runs the call: toolkeeper, the agent, the model server, or
+#                                                   one of the agent's MCP servers, through toolkeeper
 
 Phase = Literal["decided", "completed"]
 
@@ -42,9 +43,10 @@ class ExecutionRecord(BaseModel):
     time: float = _in("decided", default_factory=time.time)
     request_id: str = _in("decided", "")
     agent: str = _in("decided", "")  # the agent's listed name, or a short hash of its credentials; never the key
-    api: str = _in("decided", "chat")  # the API the agent spoke: chat | responses | messages
+    api: str = _in("decided", "chat")  # the door the call came in by: chat | responses | messages | mcp | hook
     source: str = _in("decided", "declared")  # declared (toolkeeper ran it) | agent (the agent's own) | hosted
     #                                            (the model server's: web search, code interpreter, server tools)
+    #                                            | mcp (an agent's MCP server's, sent on by toolkeeper)
     tool: str = _in("decided", "")
     runner: str = _in("decided", "")
     call_id: str = _in("decided", "")

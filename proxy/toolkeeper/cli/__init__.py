@@ -2,8 +2,10 @@
 
     serve       run the proxy in front of the agent file's upstream
     intercept   the same for an agent that cannot change its base URL, through mitmproxy
+    mcp         the declared tools and the agent's MCP servers, as an MCP server over stdio; their pins
     demo        the example agent file against a built-in offline model
     approvals | approve | deny   answer the calls waiting for a person
+    hook        an agent's own tool hook (Claude Code, Gemini CLI, Codex CLI), decided by a running serve
     tokens      named tokens for approvers and auditors
     audit       read the audit trail
     policy      test the security team's rules before they ship
@@ -16,9 +18,9 @@ import argparse
 import difflib
 import sys
 
-from toolkeeper.cli import approvals, audit, authoring, demo, evaluation, intercept, policy, serve, tokens
+from toolkeeper.cli import approvals, audit, authoring, demo, evaluation, hooks, intercept, mcp, policy, serve, tokens
 
-COMMANDS = (serve, intercept, demo, approvals, tokens, audit, policy, authoring, evaluation)
+COMMANDS = (serve, intercept, mcp, demo, approvals, hooks, tokens, audit, policy, authoring, evaluation)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     schema = commands.add_parser("schema", help="print the tool entries the model receives, as one JSON array")
     schema.add_argument("agent_file", help="the agent file (YAML)")
     schema.add_argument("--style", choices=("plain", "standard"), help="override the file's `schema:`")
-    schema.add_argument("--api", choices=("chat", "responses", "messages"), default="chat",
-                        help="the shape of the API the agent speaks (default chat)")
+    schema.add_argument("--api", choices=("chat", "responses", "messages", "mcp"), default="chat",
+                        help="the shape of the API the agent speaks (default chat; mcp: as `tools/list` gives them)")
     schema.set_defaults(run=schema_command)
 
     check = commands.add_parser("check", help="lint an agent file as the model will read it")
@@ -34,7 +34,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def schema_command(args: argparse.Namespace) -> int:
-    from toolkeeper.tools import AgentFileError, load_agent_file, offered_schemas
+    from toolkeeper.tools import AgentFileError, load_agent_file, mcp_tool, offered_schemas
     from toolkeeper.wire import anthropic_tool, flat_tool
 
     try:
@@ -43,7 +43,7 @@ def schema_command(args: argparse.Namespace) -> int:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
     entries = offered_schemas(agent, args.style)
-    shape = {"chat": lambda entry: entry, "responses": flat_tool, "messages": anthropic_tool}[args.api]
+    shape = {"chat": lambda entry: entry, "responses": flat_tool, "messages": anthropic_tool, "mcp": mcp_tool}[args.api]
     print(json.dumps([shape(entry) for entry in entries], indent=2, ensure_ascii=False))
     return 0
 

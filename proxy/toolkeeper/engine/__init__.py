@@ -9,8 +9,10 @@ in-process, for tests. It never imports HTTP.
 
 from toolkeeper.engine.calls import CallContext, CallHandler, Outcome
 from toolkeeper.engine.history import DEFAULT_TTL, History
+from toolkeeper.engine.hooks import HookCalls, HookDecision
 from toolkeeper.engine.hosted import HostedTools
 from toolkeeper.engine.loop import MAX_ROUNDS, Engine, tool_name
+from toolkeeper.engine.mcp import McpDoor, McpSession, approve_definition, definition_diff
 from toolkeeper.engine.mock import MockModel, answer
 from toolkeeper.engine.types import (
     Event,
@@ -32,7 +34,11 @@ __all__ = [
     "Engine",
     "Event",
     "History",
+    "HookCalls",
+    "HookDecision",
     "HostedTools",
+    "McpDoor",
+    "McpSession",
     "MockModel",
     "Model",
     "Outcome",
@@ -44,5 +50,7 @@ __all__ = [
     "Working",
     "add_usage",
     "answer",
+    "approve_definition",
+    "definition_diff",
     "tool_name",
 ]

@@ -54,7 +54,7 @@ class AgentCalls:
             return record.answer
         if record.decision == "allow":
             record.status = "forwarded"
-            if await self._write_forwarded(record, turn):
+            if await self.write_forwarded(record, turn):
                 return None
             record.status, record.decision = "denied", "deny"  # no record, no call: as for a declared tool
             record.answer = (f"Not run: {call.name} could not be recorded in the audit trail, so it was not "
@@ -73,7 +73,7 @@ class AgentCalls:
         return Decision("deny", "toolkeeper", f"toolkeeper does not know this kind of call ({call.kind}), so it "
                                               "cannot be governed and was not passed on")
 
-    async def _write_forwarded(self, record: ExecutionRecord, turn: TurnContext) -> bool:
+    async def write_forwarded(self, record: ExecutionRecord, turn: TurnContext) -> bool:
         handler = self.handler
         if handler.audit is not None:
             try:
@@ -102,18 +102,8 @@ class AgentCalls:
         if store is None or self.handler.audit is None:
             return
         for message in messages:
-            if not isinstance(message, dict) or message.get("role") != "tool":
-                continue
-            # taken: a replayed history completes nothing twice
-            stored = await store.take_link(digest(turn.tenant, "forwarded", str(message.get("tool_call_id"))))
-            if stored is None:
-                continue
-            record = ExecutionRecord.model_validate(stored)
-            output = message.get("content")
-            text = output if isinstance(output, str) else canonical_json(output).decode()
-            record.status, record.answer = "ok", text[:ANSWER_EXCERPT]
-            record.output_bytes, record.output_sha256 = len(text.encode()), sha256_hex(text.encode())
-            await self._complete(record)
+            if isinstance(message, dict) and message.get("role") == "tool":
+                await self.completed(turn, str(message.get("tool_call_id")), message.get("content"))
         if time.monotonic() - self._swept > min(SWEEP_EVERY, self.handler.forwarded_ttl):
             self._swept = time.monotonic()
             for stored in await store.take_expired_links():
@@ -121,6 +111,22 @@ class AgentCalls:
                     record = ExecutionRecord.model_validate(stored)
                     record.status, record.answer = "unanswered", "(the agent never sent this call's result back)"
                     await self._complete(record)
+
+    async def completed(self, turn: TurnContext, call_id: str, output: Any, status: str = "ok") -> bool:
+        """A forwarded call's result: its record completed with the output's size, digest and excerpt. Taken from
+        the store, so a replayed history (or a repeated hook event) completes nothing twice."""
+        store = self.handler.store
+        if store is None or self.handler.audit is None:
+            return False
+        stored = await store.take_link(digest(turn.tenant, "forwarded", call_id))
+        if stored is None:
+            return False
+        record = ExecutionRecord.model_validate(stored)
+        text = output if isinstance(output, str) else canonical_json(output).decode()
+        record.status, record.answer = status, text[:ANSWER_EXCERPT]
+        record.output_bytes, record.output_sha256 = len(text.encode()), sha256_hex(text.encode())
+        await self._complete(record)
+        return True
 
     async def _complete(self, record: ExecutionRecord) -> None:
         try:

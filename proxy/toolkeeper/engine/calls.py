@@ -57,6 +57,7 @@ class Outcome:
     ran: bool = False  # the tool ran: its record is completed, not refused
     unrecorded: bool = False  # the audit trail could not take it
     detail: str = ""  # why it failed, for the operator's log
+    status: str = ""  # the record's status once settled (ok: the tool ran and succeeded)
 
 
 @dataclass
@@ -99,7 +100,8 @@ class CallHandler:
         self.waiting = 0  # calls waiting for a person's answer now
         self.redactor = audit.redactor if audit is not None else Redactor()
         # The steps in order; each answers, or returns None to go on. The run comes last.
-        self.steps: tuple[Step, ...] = (self._detect_loop, self._check, self._replay, self._decide, self._record)
+        self.steps: tuple[Step, ...] = (self._detect_loop, self._check, self._replay, self._decide,
+                                        self.record_before_run)
 
     def reload(self, *, policy: Policy, runners: Mapping[str, Runner]) -> None:
         """The policy and runners for the calls that begin after (SIGHUP). Runners are added to, never taken
@@ -109,13 +111,17 @@ class CallHandler:
 
     def document(self, tool: DeclaredTool | str, arguments: Any, argv: list[str] | None, turn: TurnContext, *,
                  interactive: bool | None = None, now: datetime | None = None, kind: str = "function",
-                 source: str = "agent") -> dict[str, Any]:
+                 source: str = "agent", tier: str | None = None) -> dict[str, Any]:
         """The policy input of one call (a declared tool, or the name of one of the agent's own or of a hosted
         one), as every policy source reads it; `interactive` defaults to whether the consent channel can ask."""
         return policy_input(tool, arguments, argv, agent_id=turn.agent, agent_header=turn.agent_header,
                             request_id=turn.request_id, yolo=self.policy.yolo,
-                            interactive=self.consent.can_ask if interactive is None else interactive, now=now,
-                            kind=kind, source=source)
+                            interactive=self.consent_for(turn).can_ask if interactive is None else interactive,
+                            now=now, kind=kind, source=source, tier=tier)
+
+    def consent_for(self, turn: TurnContext) -> Consent:
+        """Who is asked about this turn's calls: the door's own channel when it has one, else the configured."""
+        return turn.consent or self.consent
 
     async def handle(self, call: ToolCall, tool: DeclaredTool, context: CallContext, *,
                      truncated: bool = False) -> Outcome:
@@ -137,6 +143,7 @@ class CallHandler:
             if state.attempt is not None:
                 await state.attempt.end()
         record.answer = outcome.answer
+        outcome.status = record.status
         await self.settle(record, outcome)
         return outcome
 
@@ -150,7 +157,8 @@ class CallHandler:
                 log.error("the audit trail lost the outcome of %s (record %s): %s", record.tool, record.record_id,
                           exc)
         why = f": {outcome.detail}" if outcome.detail else ""
-        whose = {"declared": "declared call", "agent": "the agent's call of", "hosted": "the model server's call of"}
+        whose = {"declared": "declared call", "agent": "the agent's call of", "hosted": "the model server's call of",
+                 "mcp": "the MCP call of"}
         log.info("%s %s: %s (%s) in %.1f ms%s", whose.get(record.source, "call"), printable(record.tool),
                  record.status, record.decision_source or "-", record.duration_ms, why)
         for observer in self.observers:
@@ -226,7 +234,7 @@ class CallHandler:
             "the user asks you to; tell the user it was not allowed."
         )
 
-    async def _record(self, state: CallState) -> Outcome | None:
+    async def record_before_run(self, state: CallState) -> Outcome | None:
         """No record, no run."""
         if self.audit is None:
             return None
@@ -285,7 +293,7 @@ class CallHandler:
                                  agent_header=turn.agent_header)
         self.waiting += 1
         try:
-            answer = await self.consent.ask(request)
+            answer = await self.consent_for(turn).ask(request)
         finally:
             self.waiting -= 1
             self.metrics.observe("toolkeeper_approval_wait_seconds", "How long a call waited for a person's answer "

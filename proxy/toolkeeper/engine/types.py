@@ -147,8 +147,9 @@ class TurnContext:
     tenant: str = ""  # the full hash of the credentials: whose stored history this is
     request_key: str = ""  # the credentials and the exact body: a retried request has the same
     agent_header: str | None = None  # the identity header the deployment sets, if it names one
-    api: str = "chat"  # which agent API the request came in: chat | responses | messages
+    api: str = "chat"  # which door the request came in by: chat | responses | messages | mcp | hook
     agent_revision: str = ""  # the agent file in force when the turn began (set by the engine)
+    consent: Any = None  # a channel of the door's own (an MCP client's elicitation), asked instead of the configured
 
 
 def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:

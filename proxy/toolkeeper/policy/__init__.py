@@ -15,6 +15,7 @@ from toolkeeper.policy.consent import (
     NoConsent,
     TerminalConsent,
     has_terminal,
+    local_user,
 )
 from toolkeeper.policy.decision import Decision, Effect, most_restrictive
 from toolkeeper.policy.opa import DEFAULT_PATH, OpaPolicy
@@ -40,6 +41,7 @@ __all__ = [
     "default_rules_path",
     "has_terminal",
     "load_rules",
+    "local_user",
     "most_restrictive",
     "policy_input",
     "rules_in_force",

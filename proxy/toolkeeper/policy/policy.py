@@ -32,15 +32,16 @@ WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 def policy_input(tool: DeclaredTool | str, arguments: Any, argv: list[str] | None, *, agent_id: str = "",
                  agent_header: str | None = None, request_id: str = "", yolo: bool = False,
                  interactive: bool = False, now: datetime | None = None, kind: str = "function",
-                 source: str = "agent") -> dict[str, Any]:
+                 source: str = "agent", tier: str | None = None) -> dict[str, Any]:
     """The one document every policy source reads. `tool`: a declared tool, or the name of one of the agent's
-    own (`tool.source: agent`: its arguments as sent, no argv, no tier) or of one the model server runs
-    (`hosted`); `kind`: the call's type as the model sent it (`function`, or a built-in's item type:
-    `shell_call`, `apply_patch_call`, ..., or a hosted tool's: `web_search`, `web_search_20250305`, ...)."""
+    own (`tool.source: agent`: its arguments as sent, no argv, no tier), of one the model server runs
+    (`hosted`), or of an MCP server's served through toolkeeper (`mcp`, with its server's `tier`); `kind`: the
+    call's type as the model sent it (`function`, or a built-in's item type: `shell_call`, `apply_patch_call`, ...,
+    or a hosted tool's: `web_search`, `web_search_20250305`, ...)."""
     now = now or datetime.now().astimezone()
     if isinstance(tool, str):
-        described = {"name": tool, "source": source, "kind": kind, "tier": None, "runner": None,
-                     "visibility": None}
+        described = {"name": tool, "source": source, "kind": kind, "tier": tier,
+                     "runner": "mcp" if source == "mcp" else None, "visibility": None}
     else:
         described = {"name": tool.name, "source": "declared", "kind": "function", "tier": tool.spec.tier,
                      "runner": tool.spec.runner, "visibility": tool.spec.visibility}
@@ -88,6 +89,14 @@ class Policy:
         if self.opa:
             text += f", OPA {self.opa.url}/v1/data/{self.opa.path}"
         return text
+
+    def denied_outright(self, document: dict[str, Any]) -> Decision | None:
+        """The YAML rules' deny of a tool whatever its arguments (a rule testing none): such a tool is not even
+        offered. OPA, and the rules that test arguments, decide each call."""
+        try:
+            return self.rules.outright(document) if self.rules else None
+        except Exception as exc:  # fail closed
+            return Decision("deny", "policy", f"the policy could not be evaluated ({exc!r})", None, self.revision)
 
     async def decide(self, document: dict[str, Any]) -> Decision:
         try:

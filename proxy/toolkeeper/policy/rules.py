@@ -141,9 +141,10 @@ def _globs(value: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
 
 class When(Strict):
     tool: str | tuple[str, ...] | None = None
-    source: Literal["declared", "agent", "hosted"] | None = None  # a declared tool, the agent's own, the server's
+    source: Literal["declared", "agent", "hosted", "mcp"] | None = None  # declared, the agent's own, the model
+    #                                                                       server's, an MCP server's
     kind: str | tuple[str, ...] | None = None  # the call's type, a glob: function, shell_call, apply_patch_call
-    runner: Literal["argv", "wasm"] | None = None
+    runner: Literal["argv", "wasm", "mcp"] | None = None
     tier: Literal["gated", "silent"] | None = None
     argv: ArgvTest | None = None
     arguments: dict[str, ValueTest] = Field(default_factory=dict)
@@ -251,11 +252,13 @@ class Rules:
         never match)."""
         found = []
         for rule in self.rules:
-            if rule.when.source in ("agent", "hosted"):
-                continue  # the agent's own tools and the model server's: not in the agent file
+            if rule.when.source in ("agent", "hosted", "mcp"):
+                continue  # the agent's own tools, the model server's and MCP servers': not in the agent file
             globs = _globs(rule.when.tool)
             tools = [t for t in agent.tools.values() if globs is None or any(fnmatch.fnmatchcase(t.name, g)
                                                                              for g in globs)]
+            if globs is not None and all(glob.startswith("mcp__") for glob in globs):
+                continue  # an MCP server's tools, named as Claude Code names them
             if globs is not None and not tools:
                 found.append(("R001", rule.id, f"rule {rule.id!r} names tool {', '.join(globs)}, which "
                               f"{agent.path.name} does not declare: it matches only an agent's own tool of that name "
@@ -273,6 +276,14 @@ class Rules:
 
     def matching(self, document: dict[str, Any]) -> list[Rule]:
         return [rule for rule in self.rules if rule.when.holds(document, restricts=rule.effect != "allow")]
+
+    def outright(self, document: dict[str, Any]) -> Decision | None:
+        """The deny of a rule that matches this tool without testing its arguments or argv; None when none does."""
+        for rule in self.rules:
+            if rule.effect == "deny" and not rule.when.arguments and rule.when.argv is None \
+                    and rule.when.holds(document, restricts=True):
+                return Decision("deny", "rules", rule.reason, rule.id, self.revision)
+        return None
 
     def decide(self, document: dict[str, Any]) -> Decision | None:
         """The most restrictive matching rule's decision; None when no rule matches."""

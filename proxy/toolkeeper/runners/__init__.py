@@ -9,9 +9,14 @@ from typing import Any
 
 from toolkeeper.runners.argv import ArgvRunner
 from toolkeeper.runners.base import OutputBuffer, Runner, RunResult, declared_environment, tool_environment
+from toolkeeper.runners.mcp import McpConnection, McpRunner, McpServerError, McpServers
 
 __all__ = [
     "ArgvRunner",
+    "McpConnection",
+    "McpRunner",
+    "McpServerError",
+    "McpServers",
     "OutputBuffer",
     "RunResult",
     "Runner",

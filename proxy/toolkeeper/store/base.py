@@ -30,6 +30,8 @@ from typing import Any
 
 import orjson
 
+from toolkeeper.store.pins import Pins
+
 log = logging.getLogger("toolkeeper")
 
 LEASE = 5.0  # seconds an unfinished attempt holds its call without renewing
@@ -95,7 +97,7 @@ class Tokens:
                                    (self.now(), name)) == 1
 
 
-class SQLStore(Tokens):
+class SQLStore(Tokens, Pins):
     """Every operation, as SQL; the dialects implement `_fetch`, `_execute` and `_atomic`."""
 
     location = ""

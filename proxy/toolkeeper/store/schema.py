@@ -75,6 +75,19 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             created {real} NOT NULL,
             revoked {real})""",
     ),
+    # 5: the definitions of the agent's MCP servers' tools, pinned the first time they were seen
+    (
+        """CREATE TABLE IF NOT EXISTS mcp_pins (
+            server TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            digest TEXT NOT NULL,       -- SHA-256 of the approved definition (name, description, schema)
+            definition {blob} NOT NULL, -- the approved definition, to show what changed
+            seen_digest TEXT NOT NULL,  -- the definition the server gives now: another digest is withheld
+            seen_definition {blob} NOT NULL,
+            approver TEXT,              -- who took the definition in force (none: the first one seen)
+            updated {real} NOT NULL,
+            PRIMARY KEY (server, tool))""",
+    ),
 )
 VERSION = len(MIGRATIONS)
 

@@ -38,11 +38,13 @@ from toolkeeper.tools.discovery import (
     search_answer,
 )
 from toolkeeper.tools.lint import Finding, lint_agent
-from toolkeeper.tools.schemas import tool_schema
+from toolkeeper.tools.mcpservers import PROXIED_PREFIX, McpServerSpec, McpTarget
+from toolkeeper.tools.schemas import mcp_tool, tool_schema
 from toolkeeper.tools.templates import CommandTemplate, RenderError, TemplateError, render_scalar
 
 __all__ = [
     "DEFAULT_RESERVED_NAMES",
+    "PROXIED_PREFIX",
     "SEARCH_BUDGET",
     "SEARCH_SCHEMA",
     "SEARCH_TOOL",
@@ -54,6 +56,8 @@ __all__ = [
     "CommandTemplate",
     "DeclaredTool",
     "Finding",
+    "McpServerSpec",
+    "McpTarget",
     "ModuleCache",
     "MountedDir",
     "Parameter",
@@ -70,6 +74,7 @@ __all__ = [
     "lint_agent",
     "load_agent_file",
     "load_agent_keys",
+    "mcp_tool",
     "minimal_path",
     "not_found_yet_answer",
     "offered_schemas",

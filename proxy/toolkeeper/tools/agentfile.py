@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from toolkeeper.common import Strict, load_yaml_model, regex, sha256_hex
+from toolkeeper.tools.mcpservers import McpServerSpec, McpTarget
 from toolkeeper.tools.templates import CommandTemplate, TemplateError
 
 # The usual built-in tool names of agents (Claude Code, Codex, OpenHands, Aider,
@@ -121,6 +122,7 @@ class ToolSpec(Strict):
     parameters: dict[str, Parameter] = Field(default_factory=dict)
     command: tuple[str, ...] | None = None
     wasm: str | None = None
+    mcp: McpTarget | None = None  # one of the agent's MCP servers' tools runs it (`mcp_servers:`)
     stdin: Literal["json"] | None = None
     timeout: float = Field(default=60, gt=0, le=24 * 3600)
     workdir: str | None = None
@@ -158,7 +160,7 @@ class ToolSpec(Strict):
 
     @property
     def runner(self) -> str:
-        return "wasm" if self.wasm else "argv"
+        return "mcp" if self.mcp else "wasm" if self.wasm else "argv"
 
 
 class AgentKey(Strict):
@@ -201,12 +203,21 @@ class AgentFile(Strict):
     reserved: tuple[str, ...] = ()
     schema_style: Literal["plain", "standard"] = Field(default="plain", alias="schema")
     agents: tuple[AgentKey, ...] = ()  # required when api_key_env is set: toolkeeper then holds the key
+    mcp_servers: tuple[McpServerSpec, ...] = ()  # the agent's MCP servers, served through toolkeeper's rules
     tools: tuple[ToolSpec, ...] = ()
 
     @field_validator("agents")
     @classmethod
     def _unique(cls, value: tuple[AgentKey, ...]) -> tuple[AgentKey, ...]:
         return _unique_agents(value)
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _unique_servers(cls, value: tuple[McpServerSpec, ...]) -> tuple[McpServerSpec, ...]:
+        names = [server.name for server in value]
+        if len(set(names)) != len(names):
+            raise ValueError("each MCP server needs its own name")
+        return value
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -277,7 +288,7 @@ def load_agent_file(path: str | os.PathLike[str], *, upstream: str | None = None
         if folded in seen:
             raise AgentFileError(f"{where}: key 'name': declared twice (also as {seen[folded]!r})")
         seen[folded] = tool.name
-        tools.append(_compile_tool(path, tool, where))
+        tools.append(_compile_mcp_tool(config, tool, where) if tool.mcp else _compile_tool(path, tool, where))
     if serving and config.api_key_env and config.api_key_env not in os.environ:
         raise AgentFileError(f"{path}: key 'api_key_env': the variable {config.api_key_env} is not set")
     return Agent(path, config, tools, sha256_hex(path.read_bytes())[:12])
@@ -321,6 +332,19 @@ def _compile_tool(path: Path, tool: ToolSpec, where: str) -> DeclaredTool:
         raise AgentFileError(
             f"{where}: key 'command': {program} is not found on the tool's PATH ({minimal_path(tool)})")
     return DeclaredTool(tool, template, workdir)
+
+
+def _compile_mcp_tool(config: AgentFile, tool: ToolSpec, where: str) -> DeclaredTool:
+    """A declared tool run by an MCP server's tool: its arguments go to that tool as an object, no argv."""
+    for key in ("command", "wasm", "stdin", "workdir", "memory", "fuel", "mounts"):
+        if getattr(tool, key):
+            raise AgentFileError(f"{where}: key {key!r}: a tool run by an MCP server (`mcp:`) takes no {key}")
+    servers = [server.name for server in config.mcp_servers]
+    target = tool.mcp.server if tool.mcp else ""
+    if target not in servers:
+        raise AgentFileError(f"{where}: key 'mcp.server': {target!r} is not listed under `mcp_servers:` "
+                             f"({', '.join(servers) or 'none is'})")
+    return DeclaredTool(tool, CommandTemplate(entries=(), allow_dash=frozenset(), arrays=frozenset()), Path.cwd())
 
 
 def _compile_wasm_tool(path: Path, tool: ToolSpec, template: CommandTemplate, where: str) -> DeclaredTool:

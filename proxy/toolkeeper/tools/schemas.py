@@ -43,6 +43,12 @@ def _type_schema(param: Parameter) -> dict[str, Any]:
     return schema
 
 
+def mcp_tool(entry: dict[str, Any]) -> dict[str, Any]:
+    """A tool entry (Chat Completions shape) as an MCP `tools/list` gives it."""
+    function = entry["function"]
+    return {"name": function["name"], "description": function["description"], "inputSchema": function["parameters"]}
+
+
 def tool_schema(tool: ToolSpec, style: str) -> dict[str, Any]:
     """The `{type: function, function: {...}}` entry sent in each model request."""
     properties: dict[str, Any] = {}

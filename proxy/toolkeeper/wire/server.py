@@ -12,13 +12,15 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from toolkeeper.common import dumps
-from toolkeeper.engine import Engine
+from toolkeeper.engine import Engine, HookCalls
 from toolkeeper.metrics import Metrics
 from toolkeeper.settings import Settings
 from toolkeeper.store import Store, StoreError
@@ -27,10 +29,31 @@ from toolkeeper.wire.apis import ChatCompletions, MessagesAPI, ResponsesAPI, cou
 from toolkeeper.wire.endpoints import Endpoints, normalised, under_v1
 from toolkeeper.wire.errors import OPENAI, UpstreamError, shape_of, store_unavailable, unreachable
 from toolkeeper.wire.guard import OPEN_PATHS, AgentKeys, OriginGuard
+from toolkeeper.wire.hooks_api import PATH as HOOKS_PATH
+from toolkeeper.wire.hooks_api import HooksEndpoint
 from toolkeeper.wire.intercept import InterceptedUpstream
+from toolkeeper.wire.mcp import PATH as MCP_PATH
+from toolkeeper.wire.mcp import McpEndpoint
 from toolkeeper.wire.upstream import HOP_BY_HOP, OWN_COOKIE, UPSTREAM_KEY, Upstream, forward_headers, upstream_for
 
 log = logging.getLogger("toolkeeper")
+
+@dataclass
+class Doors:
+    """The doors into an agent beside the model API: `/mcp` (MCP's Streamable HTTP) and the agents' hooks."""
+
+    mcp_server: Any = None  # the SDK's server answering `/mcp`
+    hook_calls: HookCalls | None = None
+    host: str = "127.0.0.1"
+
+    def add_routes(self, app: web.Application, keys: AgentKeys) -> None:
+        if self.mcp_server is not None:
+            endpoint = McpEndpoint(self.mcp_server, keys_required=keys.required, host=self.host)
+            app.cleanup_ctx.append(endpoint.lifetime)
+            app.router.add_route("*", MCP_PATH, endpoint.handle)
+        if self.hook_calls is not None:
+            app.router.add_post(HOOKS_PATH, HooksEndpoint(self.hook_calls, keys, self.host).handle)
+
 
 CHAT_KEY = web.AppKey("chat", ChatCompletions)
 RESPONSES_KEY = web.AppKey("responses", ResponsesAPI)
@@ -50,7 +73,7 @@ Check = Callable[[], Awaitable[object]]
 
 def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key: str | None, metrics: Metrics,
               admin: web.Application, checks: dict[str, Check], agent_keys: dict[str, str],
-              store: Store) -> web.Application:
+              store: Store, doors: Doors | None = None) -> web.Application:
     origins = OriginGuard(settings.allow_origin)
     endpoints = Endpoints(settings.pass_ungoverned, metrics)
 
@@ -93,6 +116,8 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
     app.router.add_get("/healthz", probes.healthz)
     app.router.add_get("/metrics", probes.metrics_page)
     app.router.add_get("/readyz", probes.readyz)
+    if doors is not None:
+        doors.add_routes(app, keys)
     app.add_subapp(ADMIN_PREFIX, admin)
     app.router.add_route("*", "/{tail:.*}", elsewhere)
     return app

@@ -22,7 +22,9 @@ from collections.abc import Callable
 import orjson
 from aiohttp import web
 
+from toolkeeper.audit import SQLAudit
 from toolkeeper.common import printable
+from toolkeeper.engine import approve_definition, definition_diff
 from toolkeeper.policy import RULE_SOURCES
 from toolkeeper.store import Store
 from toolkeeper.wire.admin.guard import MASTER, AdminGuard, json_error
@@ -76,9 +78,7 @@ def approvals_api(store: Store) -> Callable[[web.Application], None]:
         body = await _json_object(request)
         if isinstance(body, web.Response):
             return body
-        who = request.get("identity") or MASTER
-        # a named token records its own name, whatever its role; the admin token, whom the caller says (--as)
-        approver = str(body.get("approver") or "admin") if who == MASTER else who[0]
+        approver = _approver(request, body)
         status, said = await answer_approval(store, approval_id, approver, verb == "approve",
                                              always=bool(body.get("always")), reason=str(body.get("reason") or ""))
         return web.json_response(said, status=status) if status == 200 else json_error(status, said["error"])
@@ -98,6 +98,35 @@ def approvals_api(store: Store) -> Callable[[web.Application], None]:
         app.router.add_get("/approvals/always", grants)
         app.router.add_post("/approvals/always/{id}/revoke", revoke)
         app.router.add_post("/approvals/{id}/{verb:approve|deny}", answer)
+
+    return add_routes
+
+
+def pins_api(store: Store, audit: SQLAudit) -> Callable[[web.Application], None]:
+    """The pinned definitions of the agent's MCP servers' tools (admin role).
+
+        GET  /mcp/pins                          each tool seen: its pinned definition, and the one served now
+        POST /mcp/pins/{server}/{tool}/approve  take the definition served now in force (`toolkeeper mcp approve`)
+    """
+
+    async def listing(request: web.Request) -> web.Response:
+        pins = await store.pins()
+        return web.json_response({"pins": [{**pin, "diff": definition_diff(pin["definition"], pin["seen_definition"])
+                                            if pin["changed"] else ""} for pin in pins]})
+
+    async def approve(request: web.Request) -> web.Response:
+        server, tool = request.match_info["server"], request.match_info["tool"]
+        body = await _json_object(request)
+        if isinstance(body, web.Response):
+            return body
+        pin = await approve_definition(store, audit, server, tool, _approver(request, body))
+        if pin is None:
+            return json_error(404, f"no tool {tool!r} of an MCP server {server!r} has been seen")
+        return web.json_response(pin)
+
+    def add_routes(app: web.Application) -> None:
+        app.router.add_get("/mcp/pins", listing)
+        app.router.add_post("/mcp/pins/{server}/{tool}/approve", approve)
 
     return add_routes
 
@@ -124,6 +153,12 @@ async def answer_approval(store: Store, approval_id: str, approver: str, approve
         return 409, {"error": f"{approval_id} is {approval['status']}, not waiting"}
     log.info("approval %s: %s by %s", approval_id, "approved" if approve else "denied", printable(approver))
     return 200, {**(await store.get_approval(approval_id) or {}), **({"note": note} if note else {})}
+
+
+def _approver(request: web.Request, body: dict) -> str:
+    """A named token records its own name, whatever its role; the admin token, whom the caller says (--as)."""
+    who = request.get("identity") or MASTER
+    return str(body.get("approver") or "admin") if who == MASTER else who[0]
 
 
 async def _json_object(request: web.Request) -> dict | web.Response:

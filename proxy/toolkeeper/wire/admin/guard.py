@@ -40,7 +40,7 @@ def refused(request: web.Request, message: str) -> web.Response:
 
 # Who may reach what: a named token's role (`toolkeeper tokens add NAME --role ROLE`); the admin token is `admin`.
 ROLES = {PREFIX + "/approvals": {"approver", "admin"}, PREFIX + "/queue": {"approver", "admin"},
-         PREFIX + "/audit": {"auditor", "admin"}}
+         PREFIX + "/audit": {"auditor", "admin"}, PREFIX + "/mcp": {"admin"}}
 MASTER = ("admin", "admin")  # the admin token (TOOLKEEPER_ADMIN_TOKEN): `tokens add` never gives out this name
 
 

@@ -1,0 +1,151 @@
+"""`toolkeeper mcp AGENT_FILE`: toolkeeper as an MCP server over stdio, the way desktop agents launch one;
+`toolkeeper mcp pins` and `toolkeeper mcp approve SERVER TOOL`: the pinned definitions of the agent's MCP servers.
+
+Over stdio, the declared tools and the agent file's `mcp_servers:` are served
+as `serve` serves them on `/mcp`: the same app, the same store and trail. A
+person answers a gated call through the approvals channel: this process also
+listens on serve's address for the admin API (`toolkeeper approve`) when that
+address is free; when a `serve` of the same agent file holds it, that one
+answers, through the shared store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import sys
+
+from toolkeeper.common import printable
+from toolkeeper.settings import Settings, SettingsError
+
+log = logging.getLogger("toolkeeper")
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    mcp = commands.add_parser("mcp", help="serve the declared tools and the agent's MCP servers over stdio (MCP); "
+                                          "`mcp pins`, `mcp approve SERVER TOOL`: their pinned definitions")
+    mcp.add_argument("words", nargs="+", metavar="AGENT_FILE | pins | approve SERVER TOOL",
+                     help="the agent file to serve; or `pins` (list the pinned definitions); or `approve SERVER "
+                          "TOOL` (take the definition a server gives now, after reviewing its change)")
+    mcp.add_argument("--as", dest="approver", help="who approves a definition (default: your user name)")
+    Settings.add_arguments(mcp)
+    mcp.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = Settings.from_arguments(args)
+    except SettingsError as exc:
+        print(f"toolkeeper: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    words = args.words
+    if words[0] == "pins" and len(words) == 1:
+        return asyncio.run(pins_command(settings))
+    if words[0] == "approve":
+        if len(words) != 3:
+            print("toolkeeper: usage: toolkeeper mcp approve SERVER TOOL", file=sys.stderr)
+            return 2
+        return asyncio.run(approve_command(settings, words[1], words[2], args.approver))
+    if len(words) != 1:
+        print("toolkeeper: usage: toolkeeper mcp AGENT_FILE (or `mcp pins`, `mcp approve SERVER TOOL`)",
+              file=sys.stderr)
+        return 2
+    return serve_command(words[0], settings)
+
+
+def serve_command(agent_file: str, settings: Settings) -> int:
+    from toolkeeper.app import consent_mode
+    from toolkeeper.audit import AuditError
+    from toolkeeper.cli.serve import linted
+    from toolkeeper.policy import RulesError
+    from toolkeeper.store import SchemaError, StoreError
+    from toolkeeper.tools import AgentFileError, load_agent_file
+
+    if consent_mode(settings) == "terminal":  # stdin is the protocol: no one can answer there
+        settings = dataclasses.replace(settings, consent="approvals" if settings.admin_token else "none")
+    try:
+        agent = load_agent_file(agent_file, upstream=settings.upstream)
+        if not linted(agent):
+            return 2
+        return asyncio.run(serve_stdio(agent, settings))
+    except (AgentFileError, RulesError, AuditError, StoreError, SchemaError, ValueError) as exc:
+        print(f"toolkeeper: {exc}", file=sys.stderr)
+        return 2
+
+
+async def serve_stdio(agent, settings: Settings) -> int:
+    from aiohttp import web
+
+    from toolkeeper.app import MCP_SERVER, build_app, consent_mode
+    from toolkeeper.wire import serve_stdio as serve_over_stdio
+
+    app = build_app(agent, settings)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.idle_timeout)
+    await runner.setup()
+    try:
+        if consent_mode(settings) == "approvals":
+            await _listen_for_approvals(runner, settings)
+        log.info("toolkeeper mcp: %d declared tools from %s, %d MCP servers, over stdio", len(agent.tools),
+                 agent.path, len(agent.config.mcp_servers))
+        await serve_over_stdio(app[MCP_SERVER])
+    finally:
+        await runner.cleanup()
+    return 0
+
+
+async def _listen_for_approvals(runner, settings: Settings) -> None:
+    from aiohttp import web
+
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=settings.reuse_port)
+    try:
+        await site.start()
+        log.info("toolkeeper mcp: the admin API (toolkeeper approve) on %s", settings.local_url)
+    except OSError as exc:
+        log.info("toolkeeper mcp: %s is taken (%s): approvals are answered by the toolkeeper listening there, "
+                 "through the shared store", settings.local_url, exc.strerror or exc)
+
+
+async def pins_command(settings: Settings) -> int:
+    from toolkeeper.engine import definition_diff
+    from toolkeeper.store import open_store
+
+    store = open_store(settings.kept("store"))
+    try:
+        pins = await store.pins()
+    finally:
+        await store.close()
+    if not pins:
+        print("no MCP server tool seen yet")
+    for pin in pins:
+        state = "CHANGED: withheld until approved" if pin["changed"] else "pinned"
+        print(printable(f"{pin['server']} {pin['tool']}: {state}"))
+        if pin["changed"]:
+            print("\n".join(printable(line) for line in definition_diff(pin["definition"],
+                                                                         pin["seen_definition"]).splitlines()))
+    return 0
+
+
+async def approve_command(settings: Settings, server: str, tool: str, approver: str | None) -> int:
+    from toolkeeper.audit import open_audit
+    from toolkeeper.engine import approve_definition
+    from toolkeeper.policy import local_user
+    from toolkeeper.store import open_store
+
+    store, audit = open_store(settings.kept("store")), open_audit(settings.kept("audit"))
+    try:
+        pin = await approve_definition(store, audit, server, tool, approver or local_user())
+    finally:
+        await store.close()
+        audit.close()
+    if pin is None:
+        print(printable(f"toolkeeper: no tool {tool!r} of an MCP server {server!r} has been seen (toolkeeper mcp "
+                        "pins lists them)"), file=sys.stderr)
+        return 1
+    print(printable(f"approved: {server} {tool} is served with the definition it gives now, by {pin['approver']}"))
+    return 0
+
+

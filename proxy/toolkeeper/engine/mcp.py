@@ -1,0 +1,258 @@
+"""The MCP door: the declared tools, and the agent's MCP servers' tools, served to an MCP client.
+
+    tools/list -> the declared tools (as `toolkeeper schema --api mcp` prints them), the search tool when some
+                  are discoverable, and each server's tools as `mcp__<server>__<tool>`: minus those a rule
+                  denies outright, and those whose definition changed since it was pinned
+    tools/call -> a declared tool: one declared call (`CallHandler.handle`), `api: mcp`
+                  a server's tool: pinned? -> rules -> consent -> recorded -> sent on -> recorded
+
+Results are MCP `CallToolResult`s as JSON: a server's is passed on unchanged;
+a refusal is a tool error (`isError: true`) whose text says why.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolkeeper.audit import ExecutionRecord
+from toolkeeper.common import canonical_json, printable, sha256_hex
+from toolkeeper.engine.calls import ANSWER_EXCERPT, CallContext, CallState, Outcome
+from toolkeeper.engine.discovery import Discovery
+from toolkeeper.engine.loop import Engine
+from toolkeeper.engine.types import ToolCall, TurnContext
+from toolkeeper.policy import Consent, Decision
+from toolkeeper.runners import McpConnection, McpServerError, McpServers
+from toolkeeper.store import Store, StoreError
+from toolkeeper.tools import PROXIED_PREFIX, SEARCH_TOOL, McpServerSpec, mcp_tool, tool_schema
+
+log = logging.getLogger("toolkeeper")
+
+
+@dataclass
+class McpSession:
+    """One MCP client's connection: who it is, what its searches found, and who is asked for it."""
+
+    agent: str
+    tenant: str = ""
+    agent_header: str | None = None
+    consent: Consent | None = None  # the client's elicitation, when it declares it and nothing else can ask
+    found: set[str] = field(default_factory=set)
+
+    def turn(self) -> TurnContext:
+        return TurnContext(request_id=secrets.token_hex(8), agent=self.agent, tenant=self.tenant or self.agent,
+                           agent_header=self.agent_header, api="mcp", consent=self.consent)
+
+
+def tool_error(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": True}
+
+
+def definition_digest(definition: dict[str, Any]) -> str:
+    """What is pinned of a server's tool: its name, description and input schema."""
+    return sha256_hex(canonical_json({key: definition.get(key) for key in ("name", "description", "inputSchema")}))
+
+
+def definition_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """What changed in a tool's definition: a unified diff of its JSON."""
+    old = json.dumps(before, indent=2, sort_keys=True, ensure_ascii=False).splitlines()
+    new = json.dumps(after, indent=2, sort_keys=True, ensure_ascii=False).splitlines()
+    return "\n".join(difflib.unified_diff(old, new, "approved", "served now", lineterm=""))
+
+
+async def approve_definition(store: Store, audit: Any, server: str, tool: str, approver: str) -> dict[str, Any] | None:
+    """The definition a server's tool has now, taken in force by a person (`toolkeeper mcp approve`, the admin API),
+    and recorded in the trail with what changed; None when no such tool was seen."""
+    before = {(pin["server"], pin["tool"]): pin for pin in await store.pins()}.get((server, tool))
+    pin = await store.approve_definition(server, tool, approver) if before is not None else None
+    if pin is None or before is None:
+        return None
+    diff = definition_diff(before["definition"], before["seen_definition"])
+    await audit.write("refused", _approval_record(server, tool, approver, diff))  # one event, every field
+    log.info("MCP definition of %s %s approved by %s", printable(server), printable(tool), printable(approver))
+    return pin
+
+
+def _approval_record(server: str, tool: str, approver: str, diff: str) -> ExecutionRecord:
+    """A definition taken in force by a person, for the trail: who, and what changed."""
+    record = ExecutionRecord(api="mcp", tool=f"{PROXIED_PREFIX}{server}__{tool}", runner="mcp", source="mcp",
+                             status="ok", call_id=f"definition-approved:{secrets.token_hex(4)}", approver=approver,
+                             consent="approved")
+    record.decided_by(Decision("allow", "pin", f"the definition the server gives now was approved by {approver}"))
+    record.answer = diff
+    return record
+
+
+class McpDoor:
+    def __init__(self, engine: Engine, servers: McpServers, store: Store | None):
+        self.engine = engine
+        self.servers = servers
+        self.store = store
+        self._reported: set[tuple[str, str, str]] = set()  # definition changes already in the trail
+        # the digest each tool was last found pinned with: the same definition again needs no look at the store
+        self._trusted: dict[tuple[str, str], str] = {}
+
+    @property
+    def handler(self) -> Any:
+        return self.engine.handler
+
+    # -- tools/list -------------------------------------------------------------------------
+
+    async def list_tools(self, session: McpSession) -> list[dict[str, Any]]:
+        listed = [mcp_tool(entry) for entry in self._declared_entries(session)]
+        for connection in self.servers.connections.values():
+            try:
+                tools = await connection.refreshed()
+            except McpServerError as exc:
+                log.warning("%s: its tools are not listed", printable(str(exc)))
+                continue
+            for tool in tools:
+                if await self._offered(connection.spec, tool, session):
+                    listed.append({**tool, "name": connection.spec.proxied_name(tool["name"])})
+        return listed
+
+    def _declared_entries(self, session: McpSession) -> list[dict[str, Any]]:
+        discovery = self._discovery(session)
+        style = self.engine.agent.config.schema_style
+        tools = self.engine.agent.tools
+        return [tool_schema(tools[name].spec, style) for name in discovery.offered()] + discovery.schemas()
+
+    def _discovery(self, session: McpSession) -> Discovery:
+        discovery = Discovery(self.engine.index, self.engine.agent.tools, set(), [])
+        discovery.found |= session.found & discovery.searchable
+        return discovery
+
+    async def _offered(self, spec: McpServerSpec, tool: dict[str, Any], session: McpSession) -> bool:
+        """Listed unless a rule denies it whatever its arguments, or its definition changed since pinned."""
+        name = spec.proxied_name(tool["name"])
+        document = self.handler.document(name, {}, None, session.turn(), source="mcp", tier=spec.tier)
+        if self.handler.policy.denied_outright(document) is not None:
+            return False
+        return await self._pinned(spec, tool) is None
+
+    async def _pinned(self, spec: McpServerSpec, tool: dict[str, Any]) -> str | None:
+        """None when the definition is the pinned one (or is pinned now, first seen); else why it is withheld."""
+        if self.store is None:
+            return None
+        key, seen = (spec.name, tool["name"]), definition_digest(tool)
+        if self._trusted.get(key) == seen:
+            return None
+        try:
+            pin = await self.store.see_definition(spec.name, tool["name"], seen, tool)
+        except StoreError as exc:
+            return f"toolkeeper could not check its pinned definition ({exc})"
+        if not pin["changed"]:
+            self._trusted[key] = seen
+            return None
+        if (spec.name, tool["name"], pin["seen_digest"]) not in self._reported:
+            self._reported.add((spec.name, tool["name"], pin["seen_digest"]))
+            await self._report_change(spec, pin)
+        return (f"its definition changed since it was approved; an administrator must review the change "
+                f"(toolkeeper mcp approve {spec.name} {tool['name']})")
+
+    async def _report_change(self, spec: McpServerSpec, pin: dict[str, Any]) -> None:
+        """A changed definition goes in the trail, with what changed."""
+        diff = definition_diff(pin["definition"], pin["seen_definition"])
+        record = ExecutionRecord(agent="", api="mcp", tool=spec.proxied_name(pin["tool"]), runner="mcp",
+                                 source="mcp", status="withheld", call_id=f"definition:{pin['seen_digest'][:16]}",
+                                 policy_revision=self.handler.policy.revision)
+        record.decided_by(Decision("deny", "pin", "the tool's definition changed since it was approved: withheld "
+                                                  f"until `toolkeeper mcp approve {spec.name} {pin['tool']}`"))
+        record.answer = diff
+        log.warning("MCP server %s changed the definition of %s: withheld until approved", spec.name,
+                    printable(pin["tool"]))
+        await self.handler.settle(record, Outcome(diff))
+
+    # -- tools/call -------------------------------------------------------------------------
+
+    async def call_tool(self, session: McpSession, name: str, arguments: Any) -> dict[str, Any]:
+        if name.startswith(PROXIED_PREFIX):
+            return await self._proxied(session, name, arguments)
+        return await self._declared(session, name, arguments)
+
+    async def _declared(self, session: McpSession, name: str, arguments: Any) -> dict[str, Any]:
+        call = ToolCall(f"mcp_{secrets.token_hex(6)}", name, arguments if arguments is not None else {})
+        discovery = self._discovery(session)
+        offered = discovery.offered()
+        answered = discovery.answer(call, offered) if discovery.can_search else None
+        session.found |= discovery.found
+        if answered is not None:
+            return {"content": [{"type": "text", "text": answered}], "isError": name != SEARCH_TOOL}
+        tool = self.engine.agent.tools.get(name)
+        if tool is None:
+            return tool_error(f"Unknown tool {name!r}: toolkeeper serves {', '.join(offered) or 'no tools'}.")
+        outcome = await self.handler.handle(call, tool, CallContext(session.turn()))
+        return {"content": [{"type": "text", "text": outcome.answer}], "isError": outcome.status != "ok"}
+
+    async def _proxied(self, session: McpSession, name: str, arguments: Any) -> dict[str, Any]:
+        try:
+            found = await self._server_tool(name)
+        except McpServerError as exc:
+            return tool_error(f"Not run: {exc}.")
+        if found is None:
+            return tool_error(f"Unknown tool {name!r}: no MCP server toolkeeper serves has it.")
+        connection, tool = found
+        turn = session.turn()
+        values = arguments if isinstance(arguments, dict) else {}
+        record = ExecutionRecord(request_id=turn.request_id, agent=turn.agent, api="mcp", tool=name, runner="mcp",
+                                 call_id=f"mcp_{secrets.token_hex(6)}", arguments_sent=arguments, arguments=values,
+                                 source="mcp", status="denied", policy_revision=self.handler.policy.revision,
+                                 agent_revision=self.engine.agent.revision or None)
+        refused = await self._decide(connection, tool, record, turn)
+        if refused is not None:
+            record.answer = refused
+            await self.handler.settle(record, Outcome(refused))
+            return tool_error(refused)
+        return await self._send(connection, tool["name"], values, record)
+
+    async def _server_tool(self, name: str) -> tuple[McpConnection, dict[str, Any]] | None:
+        server, _, tool = name[len(PROXIED_PREFIX):].partition("__")
+        connection = self.servers.connections.get(server)
+        if connection is None:
+            return None
+        await connection.client()  # started (again) when it is not: its tools are listed then
+        listed = {entry["name"]: entry for entry in connection.tools}
+        return (connection, listed[tool]) if tool in listed else None
+
+    async def _decide(self, connection: McpConnection, tool: dict[str, Any], record: ExecutionRecord,
+                      turn: TurnContext) -> str | None:
+        """None when the call may be sent on (decided, and recorded); else what the client is told."""
+        withheld = await self._pinned(connection.spec, tool)
+        if withheld is not None:
+            record.decided_by(Decision("deny", "pin", withheld))
+            return f"Not run: {record.tool} was not allowed ({withheld})."
+        record.policy_input = self.handler.document(record.tool, record.arguments, None, turn, source="mcp",
+                                                    tier=connection.spec.tier)
+        record.decided_by(await self.handler.policy.decide(record.policy_input))
+        if record.decision == "ask":
+            state = CallState(ToolCall(record.call_id, record.tool, record.arguments_sent), None,  # type: ignore[arg-type]
+                              CallContext(turn), record, False, values=record.arguments or {})
+            record.decided_by(await self.handler.ask(state, Decision(record.decision, record.decision_source,
+                                                                     record.decision_reason, record.decision_rule)))
+        if record.decision != "allow":
+            return f"Not run: {record.tool} was not allowed ({record.decision_reason})."
+        state = CallState(ToolCall(record.call_id, record.tool, record.arguments_sent), None,  # type: ignore[arg-type]
+                          CallContext(turn), record, False)
+        refused = await self.handler.record_before_run(state)  # no record, no call
+        return refused.answer if refused is not None else None
+
+    async def _send(self, connection: McpConnection, tool: str, values: dict[str, Any],
+                    record: ExecutionRecord) -> dict[str, Any]:
+        try:
+            answer = await connection.call(tool, values)
+        except McpServerError as exc:
+            record.status = "timeout" if "did not answer within" in str(exc) else "failed"
+            record.answer = f"Not completed: {exc}."
+            await self.handler.settle(record, Outcome(record.answer, ran=True, detail=str(exc)))
+            return tool_error(record.answer)
+        text = canonical_json(answer.result).decode()
+        record.status = "failed" if answer.is_error else "ok"
+        record.duration_ms = round(answer.duration * 1000, 3)
+        record.output_bytes, record.output_sha256 = len(text.encode()), sha256_hex(text.encode())
+        record.answer = answer.text()[:ANSWER_EXCERPT]
+        await self.handler.settle(record, Outcome(record.answer, ran=True))
+        return answer.result

@@ -1,0 +1,236 @@
+"""The agent's MCP servers, as a client: one connection each, its tools, its calls, a restart when it fails.
+
+    McpServers (the agent file's `mcp_servers:`)
+      McpConnection: started on first use -> tools listed -> calls, each with the server's timeout
+        a call that fails with the connection (the server died) or outlasts its timeout (it hangs):
+        a tool error saying so, the connection dropped (a stdio server's process ended), and the next use starts
+        it again
+    McpRunner: a declared tool with `mcp: {server, tool}`, run like any other runner
+
+A connection lives in a task of its own: the SDK's transports are anyio
+contexts, entered and left by one task. Nothing here decides or records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolkeeper.common import canonical_json, printable
+from toolkeeper.runners.base import OutputBuffer, RunResult
+from toolkeeper.tools import DeclaredTool, McpServerSpec
+
+log = logging.getLogger("toolkeeper")
+
+CONNECT_TIMEOUT = 30.0  # seconds a server has to start and list its tools
+
+
+class McpServerError(Exception):
+    """The server could not be reached, failed or did not answer in time; the message says which, for the model."""
+
+
+@dataclass
+class McpAnswer:
+    """A `tools/call` result as the server gave it (JSON), to pass on unchanged."""
+
+    result: dict[str, Any]
+    duration: float
+
+    @property
+    def is_error(self) -> bool:
+        return bool(self.result.get("isError"))
+
+    def text(self) -> str:
+        """What a model reads of it: the text blocks, else the whole result as JSON."""
+        texts = [block.get("text", "") for block in self.result.get("content") or []
+                 if isinstance(block, dict) and block.get("type") == "text"]
+        return "\n".join(texts) if texts else canonical_json(self.result).decode()
+
+
+@dataclass
+class McpConnection:
+    spec: McpServerSpec
+    directory: Path = field(default_factory=Path.cwd)  # a relative workdir is the agent file's directory's
+    _client: Any = None
+    _holder: asyncio.Task[None] | None = None
+    _closing: asyncio.Event = field(default_factory=asyncio.Event)
+    _starting: asyncio.Lock = field(default_factory=asyncio.Lock)
+    tools: list[dict[str, Any]] = field(default_factory=list)  # as the server listed them, JSON
+
+    async def client(self) -> Any:
+        """The connected client, started (or started again) when there is none."""
+        async with self._starting:
+            if self._client is None:
+                await self._start()
+            return self._client
+
+    async def _start(self) -> None:
+        ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._closing = asyncio.Event()
+        self._holder = asyncio.create_task(self._hold(ready), name=f"mcp server {self.spec.name}")
+        try:
+            self._client = await asyncio.wait_for(asyncio.shield(ready), CONNECT_TIMEOUT)
+        except TimeoutError:
+            await self.drop()
+            raise McpServerError(f"the MCP server {self.spec.name} did not start within {CONNECT_TIMEOUT:g} "
+                                 "s") from None
+        except McpServerError:
+            await self.drop()
+            raise
+        log.info("MCP server %s: connected, %d tools", self.spec.name, len(self.tools))
+
+    async def _hold(self, ready: asyncio.Future[Any]) -> None:
+        from mcp import Client  # the SDK: for agents that list MCP servers only
+
+        try:
+            async with Client(self._transport(), read_timeout_seconds=self.spec.timeout, cache=None) as client:
+                self.tools = await _list_all(client)
+                ready.set_result(client)
+                await self._closing.wait()
+        except Exception as exc:  # the transport's own errors, grouped or not: said once, in words
+            if not ready.done():
+                ready.set_exception(McpServerError(f"the MCP server {self.spec.name} could not be started: "
+                                                   f"{_cause(exc)}"))
+            else:
+                log.warning("MCP server %s: the connection ended: %s", self.spec.name, printable(_cause(exc)))
+        finally:
+            self._client = None
+
+    def _transport(self) -> Any:
+        if self.spec.url:
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            try:
+                headers = self.spec.resolved_headers()
+            except KeyError as exc:
+                raise McpServerError(str(exc.args[0])) from None
+            return streamable_http_client(self.spec.url, http_client=httpx2.AsyncClient(
+                headers=headers, timeout=httpx2.Timeout(self.spec.timeout, connect=10.0)))
+        from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
+
+        command = self.spec.command or ("",)
+        workdir = (self.directory / self.spec.workdir).resolve() if self.spec.workdir else self.directory
+        return stdio_client(StdioServerParameters(command=command[0], args=list(command[1:]),
+                                                  env=self.spec.environment(), cwd=workdir), errlog=sys.stderr)
+
+    async def refreshed(self) -> list[dict[str, Any]]:
+        """Its tools as it lists them now (a server may change them while it runs)."""
+        client = await self.client()
+        try:
+            self.tools = await asyncio.wait_for(_list_all(client), self.spec.timeout)
+        except Exception as exc:
+            await self.drop()
+            raise McpServerError(f"the MCP server {self.spec.name} did not list its tools ({_cause(exc)})") from None
+        return self.tools
+
+    async def call(self, tool: str, arguments: dict[str, Any], timeout: float | None = None) -> McpAnswer:
+        """One `tools/call`; a server that fails or outlasts the timeout (its own, unless a declared tool's is
+        given) is dropped, to be started again."""
+        client = await self.client()
+        timeout = timeout or self.spec.timeout
+        started = time.monotonic()
+        try:
+            result = await asyncio.wait_for(client.call_tool(tool, arguments, read_timeout_seconds=timeout), timeout)
+        except TimeoutError:
+            await self.drop()
+            raise McpServerError(f"the MCP server {self.spec.name} did not answer within {timeout:g} s; the call "
+                                 "was abandoned and the server is started again") from None
+        except Exception as exc:  # the connection failed mid-call (the server died), or the server refused it
+            if self._client is not client or _connection_lost(exc):
+                await self.drop()
+                raise McpServerError(f"the MCP server {self.spec.name} failed during the call ({_cause(exc)}); it "
+                                     "is started again for the next call") from None
+            raise McpServerError(f"the MCP server {self.spec.name} refused the call: {_cause(exc)}") from None
+        return McpAnswer(result.model_dump(mode="json", by_alias=True, exclude_none=True),
+                         time.monotonic() - started)
+
+    async def drop(self) -> None:
+        """The connection ended (a stdio server's process with it)."""
+        holder, self._holder, self._client = self._holder, None, None
+        if holder is None:
+            return
+        self._closing.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(holder), 5.0)
+        except (TimeoutError, Exception):
+            holder.cancel()
+            with contextlib.suppress(BaseException):
+                await holder
+
+
+async def _list_all(client: Any) -> list[dict[str, Any]]:
+    """Every page of the server's tools, as JSON."""
+    tools: list[dict[str, Any]] = []
+    cursor = None
+    for _ in range(100):  # a server paging forever is cut off
+        page = await client.list_tools(cursor=cursor)
+        tools += [tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in page.tools]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return tools
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    text = _cause(exc).lower()
+    return any(word in text for word in ("closed", "connection", "eof", "broken pipe", "terminated"))
+
+
+def _cause(exc: BaseException) -> str:
+    """The first real error inside an exception group, in words."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return printable(str(exc) or type(exc).__name__)
+
+
+class McpServers:
+    """The agent file's MCP servers, each connected on first use."""
+
+    def __init__(self, specs: Iterable[McpServerSpec], directory: Path | None = None):
+        self.connections = {spec.name: McpConnection(spec, directory or Path.cwd()) for spec in specs}
+
+    def __bool__(self) -> bool:
+        return bool(self.connections)
+
+    def get(self, name: str) -> McpConnection:
+        return self.connections[name]
+
+    async def listed(self, name: str) -> list[dict[str, Any]]:
+        """A server's tools; raises McpServerError when it cannot be reached."""
+        connection = self.connections[name]
+        await connection.client()
+        return connection.tools
+
+    async def close(self) -> None:
+        await asyncio.gather(*(connection.drop() for connection in self.connections.values()))
+
+
+class McpRunner:
+    """A declared tool run by an MCP server's tool: the declaration's checked values are its arguments."""
+
+    def __init__(self, servers: McpServers):
+        self.servers = servers
+
+    async def run(self, tool: DeclaredTool, argv: list[str], values: dict[str, Any]) -> RunResult:
+        target = tool.spec.mcp
+        assert target is not None
+        stdout, stderr = OutputBuffer(tool.spec.max_output), OutputBuffer(4096)
+        started = time.monotonic()
+        try:
+            answer = await self.servers.get(target.server).call(target.tool, values, tool.spec.timeout)
+        except McpServerError as exc:
+            timed_out = "did not answer within" in str(exc)
+            return RunResult("timeout" if timed_out else "error", None, stdout, stderr, time.monotonic() - started,
+                             detail=f"{tool.spec.timeout:g} s" if timed_out else str(exc), subject="MCP tool")
+        stdout.feed(answer.text().encode())
+        return RunResult("failed" if answer.is_error else "ok", 1 if answer.is_error else 0, stdout, stderr,
+                         answer.duration, subject="MCP tool")

@@ -1,0 +1,63 @@
+"""`POST /toolkeeper/hooks`: what `toolkeeper hook AGENT` asks, on behalf of an agent's own pre- and post-tool hook.
+
+    {"agent": "claude-code", "event": <the hook's stdin, as the agent wrote it>}
+        -> {"decision": "allow" | "deny" | "ask", "reason": "..."}
+
+The event is read by `wire/hooks.py` (each agent's format, in one place) and
+decided by the engine's `HookCalls`. The caller presents an agent key (listed
+under `agents:`); with none listed, only a toolkeeper on loopback answers.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from toolkeeper.common import digest, is_loopback, printable
+from toolkeeper.engine import HookCalls, ToolCall, TurnContext
+from toolkeeper.wire.guard import AgentKeys, presented_key
+from toolkeeper.wire.hooks import HOOK_AGENTS, HOOK_AGENTS_THAT_ASK, HookFormatError, read_event
+
+PATH = "/toolkeeper/hooks"
+
+
+class HooksEndpoint:
+    def __init__(self, calls: HookCalls, keys: AgentKeys, host: str):
+        self.calls = calls
+        self.keys = keys
+        self.open = not keys.keys and is_loopback(host)  # no keys listed: this machine's agents only
+
+    async def handle(self, request: web.Request) -> web.Response:
+        agent = self._agent(request)
+        if agent is None:
+            return _refusal(401, "toolkeeper does not know this agent's key: set TOOLKEEPER_AGENT_KEY to a key "
+                                 "whose SHA-256 is listed under `agents:`")
+        try:
+            body = orjson.loads(await request.read())
+            kind = body.get("agent") if isinstance(body, dict) else None
+            if kind not in HOOK_AGENTS:
+                raise HookFormatError(f"`agent` must be one of {', '.join(HOOK_AGENTS)}")
+            event = read_event(kind, body.get("event"))
+        except (orjson.JSONDecodeError, HookFormatError) as exc:
+            return _refusal(400, f"not a hook event toolkeeper can read: {printable(str(exc))}")
+        turn = TurnContext(request_id=secrets.token_hex(8), agent=agent, api="hook",
+                           tenant=digest(agent, kind, event.session))
+        if event.phase == "post":
+            recorded = await self.calls.after(turn, event.call_id, event.result, event.error)
+            return web.json_response({"decision": "allow", "reason": "recorded" if recorded else "no call waited"})
+        decided = await self.calls.before(turn, ToolCall(event.call_id, event.tool, event.arguments),
+                                          agent_asks=kind in HOOK_AGENTS_THAT_ASK)
+        return web.json_response({"decision": decided.effect, "reason": decided.reason})
+
+    def _agent(self, request: web.Request) -> str | None:
+        key = presented_key(request.headers)
+        name = self.keys.name_of(key) if key else None
+        return name or ("hook" if self.open else None)
+
+
+def _refusal(status: int, message: str) -> web.Response:
+    body: dict[str, Any] = {"error": message}
+    return web.json_response(body, status=status)

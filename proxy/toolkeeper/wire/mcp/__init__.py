@@ -1,0 +1,14 @@
+"""MCP, served: toolkeeper's tools and the agent's MCP servers' tools over stdio and Streamable HTTP (`/mcp`)."""
+
+from toolkeeper.wire.mcp.http import PATH, McpEndpoint
+from toolkeeper.wire.mcp.server import ElicitationConsent, build_server
+
+__all__ = ["PATH", "ElicitationConsent", "McpEndpoint", "build_server", "serve_stdio"]
+
+
+async def serve_stdio(server: object) -> None:
+    """The server over this process's stdin and stdout, until the client closes them."""
+    from mcp.server.stdio import stdio_server
+
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())  # type: ignore[attr-defined]

@@ -1,0 +1,100 @@
+"""toolkeeper as an MCP server, on the official SDK: `tools/list` and `tools/call` answered by the engine's door.
+
+The same server answers over stdio (`toolkeeper mcp AGENT_FILE`) and
+Streamable HTTP (`/mcp` on serve). Who is calling: the agent key's name over
+HTTP, the client's own name over stdio. Who is asked before a gated call: the
+configured channel (approvals, the terminal), else the client itself through
+MCP elicitation when it declares it, else no one (the call is denied, and says
+why).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from typing import Any
+
+from toolkeeper.common import printable
+from toolkeeper.engine import McpDoor, McpSession
+from toolkeeper.policy import Consent, ConsentAnswer, ConsentRequest
+
+log = logging.getLogger("toolkeeper")
+
+AGENT_SCOPE_KEY = "toolkeeper.agent"  # the ASGI scope's entry naming the agent an HTTP request came from
+INSTRUCTIONS = ("Tools served by toolkeeper: each call is checked against its declaration and the security team's "
+                "rules, may wait for a person's approval, and is recorded.")
+
+
+class ElicitationConsent:
+    """Asks the MCP client's user, through elicitation (the client shows the question and returns the answer)."""
+
+    can_ask = True
+
+    def __init__(self, session: Any, client: str):
+        self.session = session
+        self.who = f"{client} (MCP elicitation)"
+
+    async def ask(self, request: ConsentRequest) -> ConsentAnswer:
+        schema = {"type": "object", "properties": {"approve": {
+            "type": "boolean", "title": "Allow this call", "description": "Allow it once, with these arguments"}},
+            "required": ["approve"]}
+        message = f"toolkeeper asks: allow {request.summary()}? Why it asks: {request.why()}"
+        try:
+            answer = await self.session.elicit_form(message, schema)
+        except Exception as exc:  # the client could not ask: a deny, said
+            return ConsentAnswer(False, self.who, f"the MCP client could not ask its user ({printable(str(exc))})")
+        approved = answer.action == "accept" and (answer.content or {}).get("approve") is True
+        return ConsentAnswer(approved, self.who, "approved" if approved else f"the user's answer: {answer.action}")
+
+
+def build_server(door: McpDoor, configured: Consent, version: str = "") -> Any:
+    """The SDK's low-level server with toolkeeper's two handlers."""
+    import mcp_types as types
+    from mcp.server.lowlevel import Server
+
+    sessions: weakref.WeakKeyDictionary[Any, McpSession] = weakref.WeakKeyDictionary()
+
+    def session_of(ctx: Any) -> McpSession:
+        found = sessions.get(ctx.session)
+        if found is None:
+            found = sessions[ctx.session] = _new_session(ctx, configured, types)
+        return found
+
+    async def list_tools(ctx: Any, params: Any) -> Any:
+        tools = await door.list_tools(session_of(ctx))
+        return types.ListToolsResult(tools=[types.Tool.model_validate(tool) for tool in tools])
+
+    async def call_tool(ctx: Any, params: Any) -> Any:
+        session = session_of(ctx)
+        before = set(session.found)
+        result = await door.call_tool(session, params.name, params.arguments)
+        if session.found != before:  # a search found tools: the client lists them again
+            with contextlib.suppress(Exception):  # a client that cannot take the notice still has the search's answer
+                await ctx.session.send_tool_list_changed()
+        return types.CallToolResult.model_validate(result)
+
+    return Server("toolkeeper", version=version, instructions=INSTRUCTIONS, on_list_tools=list_tools,
+                  on_call_tool=call_tool)
+
+
+def _new_session(ctx: Any, configured: Consent, types: Any) -> McpSession:
+    request = getattr(ctx, "request", None)
+    scope = getattr(request, "scope", None) or {}
+    agent = scope.get(AGENT_SCOPE_KEY)
+    params = getattr(ctx.session, "client_params", None)
+    client_name = getattr(getattr(params, "client_info", None), "name", None) or "mcp-client"
+    session = McpSession(agent=agent or printable(client_name)[:64])
+    if not configured.can_ask and _declares_elicitation(ctx.session, types):
+        session.consent = ElicitationConsent(ctx.session, printable(client_name)[:64])
+    return session
+
+
+def _declares_elicitation(server_session: Any, types: Any) -> bool:
+    """The client takes elicitation requests, on a connection that can carry one (the 2025 handshake's; the
+    2026 protocol's requests have no back-channel: they would need its input-required round trip)."""
+    try:
+        return bool(getattr(server_session, "can_send_request", False)) and bool(server_session.check_client_capability(
+            types.ClientCapabilities(elicitation=types.ElicitationCapability())))
+    except Exception:
+        return False

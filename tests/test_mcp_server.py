@@ -1,0 +1,212 @@
+"""toolkeeper as an MCP server, driven by the official MCP Python SDK's client over stdio (`toolkeeper mcp`) and
+Streamable HTTP (`/mcp` on serve): list, call, an invalid call, a denied call, an ask released by `toolkeeper
+approve`, each recorded in the trail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from conftest import GATED, LOOKUP, RELEASE, Process, audit_cli, free_port, run_cli, write_agent
+
+TOKEN = "approver-token-for-the-mcp-tests-0123456789"
+AGENT_KEY = "mcp-agent-key-0123456789"
+RULES = """
+rules:
+  - id: no-nightly
+    effect: deny
+    reason: nightly builds are never released
+    when: {tool: release, arguments: {version: {matches: nightly}}}
+"""
+AGENTS = """
+    agents:
+      - name: desk
+        key_sha256: "{key}"
+"""
+
+
+@pytest.fixture(scope="module")
+def directory(tmp_path_factory) -> Path:
+    import hashlib
+
+    directory = tmp_path_factory.mktemp("mcp")
+    silent_lookup = LOOKUP.replace("description: Look a word up.", "description: Look a word up.\n        tier: silent")
+    write_agent(directory, AGENTS + GATED + silent_lookup + RELEASE, key=hashlib.sha256(AGENT_KEY.encode()).hexdigest())
+    (directory / "rules.yaml").write_text(RULES)
+    return directory
+
+
+def toolkeeper_env(port: int) -> dict[str, str]:
+    return {"TOOLKEEPER_ADMIN_TOKEN": TOKEN, "TOOLKEEPER_PORT": str(port), "TOOLKEEPER_CONSENT": "approvals"}
+
+
+@asynccontextmanager
+async def over_stdio(directory: Path, port: int):
+    from mcp import Client, StdioServerParameters
+
+    params = StdioServerParameters(command=sys.executable, args=["-m", "toolkeeper", "mcp", str(directory / "agent.yaml"),
+                                                                  "--policy", str(directory / "rules.yaml")],
+                                   env={**toolkeeper_env(port), "PATH": "/usr/bin:/bin"}, cwd=directory)
+    async with Client(params, client_info=_client_info()) as client:
+        yield client
+
+
+@asynccontextmanager
+async def over_http(url: str, key: str = AGENT_KEY):
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    root = url.removesuffix("/v1")
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http, \
+            Client(streamable_http_client(root + "/mcp", http_client=http), client_info=_client_info()) as client:
+        yield client
+
+
+def _client_info():
+    from mcp_types import Implementation
+
+    return Implementation(name="mcp-tests", version="1")
+
+
+def text_of(result) -> str:
+    return "\n".join(block.text for block in result.content if block.type == "text")
+
+
+async def waiting_approval(port: int, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = await asyncio.to_thread(run_cli, "approvals", "--url", f"http://127.0.0.1:{port}",
+                                      env={"TOOLKEEPER_ADMIN_TOKEN": TOKEN})
+        ids = [line.split()[0] for line in run.stdout.splitlines() if line.startswith("ap_")]
+        if ids:
+            return ids[0]
+        await asyncio.sleep(0.3)
+    raise AssertionError("no call came to wait for approval")
+
+
+async def exercise(client, port: int, directory: Path) -> None:
+    """The same checks through either transport."""
+    listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert set(listed) == {"lookup", "release"}
+    schema = json.loads(run_cli("schema", str(directory / "agent.yaml"), "--api", "mcp").stdout)
+    assert [tool.model_dump(by_alias=True, exclude_none=True, include={"name", "description", "input_schema"})
+            for tool in listed.values()] == schema  # as `toolkeeper schema --api mcp` prints them
+
+    result = await client.call_tool("lookup", {"word": "otter"})
+    assert not result.is_error and "otter" in text_of(result)
+
+    result = await client.call_tool("lookup", {"wrd": "otter"})  # invalid: answered quoting it
+    assert result.is_error and 'You sent: lookup({"wrd":"otter"})' in text_of(result)
+
+    result = await client.call_tool("release", {"version": "nightly-7"})  # denied by the rule, with its reason
+    assert result.is_error and "nightly builds are never released" in text_of(result)
+
+    asking = asyncio.create_task(client.call_tool("release", {"version": "2.0.0"}))  # gated: asks
+    approval = await waiting_approval(port)
+    run = await asyncio.to_thread(run_cli, "approve", approval, "--as", "ada", "--url", f"http://127.0.0.1:{port}",
+                                  env={"TOOLKEEPER_ADMIN_TOKEN": TOKEN})
+    assert run.returncode == 0, run.stderr
+    result = await asyncio.wait_for(asking, 30)
+    assert not result.is_error, text_of(result)
+
+
+def recorded(directory: Path) -> dict[tuple[str, str], dict]:
+    run = audit_cli(directory / "toolkeeper-audit.sqlite3", "export", "--format", "jsonl")
+    assert run.returncode == 0, run.stderr
+    entries = [json.loads(line) for line in run.stdout.splitlines()]
+    return {(entry["tool"], entry["status"]): entry for entry in entries if entry["api"] == "mcp"}
+
+
+def check_trail(directory: Path) -> None:
+    entries = recorded(directory)
+    assert {("lookup", "ok"), ("lookup", "invalid"), ("release", "denied"), ("release", "ok")} <= set(entries)
+    assert all(entry["source"] == "declared" for entry in entries.values())
+    assert entries[("release", "denied")]["decision_rule"] == "no-nightly"
+    assert entries[("release", "ok")]["approver"] == "ada"
+    assert entries[("lookup", "ok")]["agent"] in ("mcp-tests", "desk")
+
+
+def test_over_stdio(directory):
+    port = free_port()
+
+    async def run() -> None:
+        async with over_stdio(directory, port) as client:
+            await exercise(client, port, directory)
+
+    asyncio.run(run())
+    check_trail(directory)
+
+
+def test_over_streamable_http(directory, tmp_path):
+    port = free_port()
+    process = Process([sys.executable, "-m", "toolkeeper", "serve", str(directory / "agent.yaml"), "--policy",
+                       str(directory / "rules.yaml"), "--log-level", "WARNING"], "toolkeeper listening on",
+                      env=toolkeeper_env(port))
+    try:
+        async def run() -> None:
+            async with over_http(process.url) as client:
+                await exercise(client, port, directory)
+        asyncio.run(run())
+    finally:
+        process.stop()
+    check_trail(directory)
+    assert recorded(directory)[("lookup", "ok")]["agent"] == "desk"  # the agent key's name
+
+
+def test_http_needs_a_known_key_and_refuses_web_pages(directory):
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+    process = Process([sys.executable, "-m", "toolkeeper", "serve", str(directory / "agent.yaml"), "--log-level",
+                       "WARNING"], "toolkeeper listening on", env=toolkeeper_env(port))
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode()
+    try:
+        for headers, status in (({"Authorization": "Bearer not-a-key"}, 401),
+                                ({"Authorization": f"Bearer {AGENT_KEY}", "Origin": "http://evil.example"}, 403)):
+            request = urllib.request.Request(process.url.removesuffix("/v1") + "/mcp", data=body, method="POST", headers={
+                "Content-Type": "application/json", "Accept": "application/json, text/event-stream", **headers})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            assert refused.value.code == status
+            refused.value.close()
+    finally:
+        process.stop()
+
+
+def test_elicitation_asks_the_clients_user_when_no_channel_can(directory, tmp_path):
+    """No approvals channel (no admin token): a client that declares elicitation is asked, and its answer holds."""
+    from mcp import Client, StdioServerParameters
+    from mcp_types import ElicitResult
+
+    asked: list[str] = []
+
+    async def answer(context, params) -> ElicitResult:
+        asked.append(params.message)
+        approve = "2.1.0" in params.message
+        return ElicitResult(action="accept", content={"approve": approve})
+
+    async def run() -> tuple:
+        params = StdioServerParameters(command=sys.executable, args=[
+            "-m", "toolkeeper", "mcp", str(directory / "agent.yaml"), "--policy", str(directory / "rules.yaml")],
+            env={"PATH": "/usr/bin:/bin"}, cwd=directory)
+        # the 2025 handshake: its connection carries the server's requests to the client
+        async with Client(params, client_info=_client_info(), elicitation_callback=answer, mode="legacy") as client:
+            return (await client.call_tool("release", {"version": "2.1.0"}),
+                    await client.call_tool("release", {"version": "2.2.0"}))
+
+    approved, refused = asyncio.run(run())
+    assert not approved.is_error, text_of(approved)
+    assert refused.is_error and "not allowed" in text_of(refused)
+    assert len(asked) == 2 and "release(version=2.1.0)" in asked[0]
+    entries = [entry for entry in json.loads("[" + ",".join(audit_cli(
+        directory / "toolkeeper-audit.sqlite3", "export", "--format", "jsonl").stdout.splitlines()) + "]")
+        if entry["tool"] == "release" and (entry["arguments"] or {}).get("version") in ("2.1.0", "2.2.0")]
+    assert {(entry["status"], entry["approver"]) for entry in entries} == {
+        ("ok", "mcp-tests (MCP elicitation)"), ("denied", "mcp-tests (MCP elicitation)")}
