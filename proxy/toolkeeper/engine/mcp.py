@@ -26,7 +26,7 @@ from toolkeeper.engine.discovery import Discovery
 from toolkeeper.engine.loop import Engine
 from toolkeeper.engine.types import ToolCall, TurnContext
 from toolkeeper.policy import Consent, Decision
-from toolkeeper.runners import McpConnection, McpServerError, McpServers
+from toolkeeper.runners import McpConnection, McpServerError, McpServers, McpServerTimeout
 from toolkeeper.store import Store, StoreError
 from toolkeeper.tools import PROXIED_PREFIX, SEARCH_TOOL, McpServerSpec, mcp_tool, tool_schema
 
@@ -245,7 +245,7 @@ class McpDoor:
         try:
             answer = await connection.call(tool, values)
         except McpServerError as exc:
-            record.status = "timeout" if "did not answer within" in str(exc) else "failed"
+            record.status = "timeout" if isinstance(exc, McpServerTimeout) else "failed"
             record.answer = f"Not completed: {exc}."
             await self.handler.settle(record, Outcome(record.answer, ran=True, detail=str(exc)))
             return tool_error(record.answer)

@@ -9,13 +9,14 @@ from typing import Any
 
 from toolkeeper.runners.argv import ArgvRunner
 from toolkeeper.runners.base import OutputBuffer, Runner, RunResult, declared_environment, tool_environment
-from toolkeeper.runners.mcp import McpConnection, McpRunner, McpServerError, McpServers
+from toolkeeper.runners.mcp import McpConnection, McpRunner, McpServerError, McpServers, McpServerTimeout
 
 __all__ = [
     "ArgvRunner",
     "McpConnection",
     "McpRunner",
     "McpServerError",
+    "McpServerTimeout",
     "McpServers",
     "OutputBuffer",
     "RunResult",

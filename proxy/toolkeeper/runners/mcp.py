@@ -36,6 +36,10 @@ class McpServerError(Exception):
     """The server could not be reached, failed or did not answer in time; the message says which, for the model."""
 
 
+class McpServerTimeout(McpServerError):
+    """The server did not answer a call within its timeout."""
+
+
 @dataclass
 class McpAnswer:
     """A `tools/call` result as the server gave it (JSON), to pass on unchanged."""
@@ -142,7 +146,7 @@ class McpConnection:
             result = await asyncio.wait_for(client.call_tool(tool, arguments, read_timeout_seconds=timeout), timeout)
         except TimeoutError:
             await self.drop()
-            raise McpServerError(f"the MCP server {self.spec.name} did not answer within {timeout:g} s; the call "
+            raise McpServerTimeout(f"the MCP server {self.spec.name} did not answer within {timeout:g} s; the call "
                                  "was abandoned and the server is started again") from None
         except Exception as exc:  # the connection failed mid-call (the server died), or the server refused it
             if self._client is not client or _connection_lost(exc):
@@ -228,7 +232,7 @@ class McpRunner:
         try:
             answer = await self.servers.get(target.server).call(target.tool, values, tool.spec.timeout)
         except McpServerError as exc:
-            timed_out = "did not answer within" in str(exc)
+            timed_out = isinstance(exc, McpServerTimeout)
             return RunResult("timeout" if timed_out else "error", None, stdout, stderr, time.monotonic() - started,
                              detail=f"{tool.spec.timeout:g} s" if timed_out else str(exc), subject="MCP tool")
         stdout.feed(answer.text().encode())
