@@ -1,6 +1,5 @@
 """The trail for the tools a security team runs: the CLI's filters, `tail -n`, id prefixes, CSV times with their
-zone, OPA decision-log events, OTLP spans (exported, and sent live to a collector stand-in), and the metrics of
-approvals, audit failures and upstream errors."""
+zone, OPA decision-log events and OTLP spans exported (tests/test_telemetry.py sends them live)."""
 
 from __future__ import annotations
 
@@ -8,13 +7,11 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import LOOKUP, ROOT, Toolkeeper, audit_cli, call, start_toolkeeper, user, write_agent
+from conftest import ROOT, audit_cli
 
 from toolkeeper.audit import ExecutionRecord, open_audit
 
@@ -120,52 +117,3 @@ def test_tail_prints_the_last_n_then_follows(trail):
         follower.terminate()
         follower.wait(10)
         follower.stdout.close()
-
-
-class Collector(BaseHTTPRequestHandler):
-    """A collector stand-in: keeps every OTLP/JSON request it is sent."""
-
-    received: list[dict] = []
-
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        Collector.received.append({"path": self.path, "body": json.loads(body)})
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-def test_the_otlp_exporter_sends_a_span_per_call_and_metrics_count_failures(scripted, tmp_path):
-    collector = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
-    threading.Thread(target=collector.serve_forever, daemon=True).start()
-    write_agent(tmp_path, "upstream: http://127.0.0.1:9/v1\nyolo: true\ntools:\n" + LOOKUP)
-    process = start_toolkeeper(tmp_path / "agent.yaml", scripted.base_url, "--otlp-endpoint",
-                               f"http://127.0.0.1:{collector.server_port}")
-    tk = Toolkeeper(process, tmp_path)
-    try:
-        scripted.script({"tool_calls": [call("lookup", {"word": "otel"})]}, {"content": "{tool_result}"})
-        tk.client().chat.completions.create(model="m", messages=user())
-        deadline = time.monotonic() + 10
-        while not Collector.received:
-            assert time.monotonic() < deadline, "no span reached the collector"
-            time.sleep(0.1)
-        sent = Collector.received[0]
-        assert sent["path"] == "/v1/traces"
-        span = sent["body"]["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
-        assert {"key": "toolkeeper.tool", "value": {"stringValue": "lookup"}} in span["attributes"]
-        scripted.script({"status": 503, "body": {"error": {"message": "overloaded", "type": "server_error"}}})
-        with pytest.raises(Exception):
-            tk.client().chat.completions.create(model="m", messages=user())
-        import urllib.request
-
-        with urllib.request.urlopen(process.url.removesuffix("/v1") + "/metrics", timeout=10) as answer:
-            metrics = answer.read().decode()
-        assert 'toolkeeper_upstream_errors_total{api="chat",status="503"} 1' in metrics
-        assert "# TYPE toolkeeper_approvals_waiting gauge" in metrics and "toolkeeper_approvals_waiting 0" in metrics
-    finally:
-        tk.close_clients()
-        process.stop()
-        collector.shutdown()
-        collector.server_close()

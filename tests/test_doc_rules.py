@@ -124,7 +124,7 @@ SCENARIOS: dict[str, list[Scenario]] = {
     + [agent("apply_patch", {"input": patch(path)}, "allow", "custom_tool_call") for path in PATCHED_FINE],
     "builtin-patch-credentials-and-system-files-never": [
         agent("apply_patch", {"operation": {"type": "update_file", "path": path, "diff": "+x"}}, "deny",
-              "apply_patch_call") for path in [*SYSTEM_PATHS, "app/.env", "/home/me/.ssh/config"]
+              "apply_patch_call") for path in [*SYSTEM_PATHS, "/home/me/.ssh/config", "~/.aws/credentials"]
     ] + [agent("apply_patch", {"operation": {"type": "create_file", "path": path, "diff": "+x"}}, "allow",
                "apply_patch_call") for path in PATCHED_FINE],
     "pushes-ask": [agent(tool, {"command": command}, "ask") for tool in ("Bash", "shell_command") for command in PUSHES]

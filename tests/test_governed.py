@@ -99,7 +99,7 @@ def test_pass_ungoverned_lets_one_endpoint_through_logged_and_counted(scripted, 
     status, _ = send(governing, "POST", "/v1/threads/t-other/runs", {"assistant_id": "a"})
     assert status == 403  # only the named path
     metrics = urllib.request.urlopen(governing.base_url[:-3] + "/metrics", timeout=10).read().decode()
-    assert 'toolkeeper_ungoverned_passed_total{endpoint="assistants_runs"} 1' in metrics
+    assert 'toolkeeper_ungoverned_passed_total{endpoint="assistants_runs"} 1.0' in metrics
     assert "passes ungoverned (--pass-ungoverned)" in governing.process.stderr()
 
 

@@ -160,7 +160,7 @@ def metrics(tk) -> dict[str, int]:
     for line in text.splitlines():
         if line.startswith("toolkeeper_history_restorations_total{"):
             outcome = line.split('outcome="')[1].split('"')[0]
-            counts[outcome] = int(line.rsplit(" ", 1)[1])
+            counts[outcome] = int(float(line.rsplit(" ", 1)[1]))
     return counts
 
 

@@ -14,7 +14,7 @@ Read from the source with `ast`, so a lazy import inside a function counts too.
     audit/    the record and the trail                      nothing else of toolkeeper
     store/    history, links, retry memo, approvals (SQL)   nothing else of toolkeeper
     scripted/ the scripted model (a dev tool)               nothing else of toolkeeper, and nothing but cli/ uses it
-    common, database, settings, metrics: leaves every layer may use; app.py and cli/ compose them all.
+    common, database, settings, metrics, tracing: leaves every layer may use; app.py and cli/ compose them all.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "proxy" / "toolkeeper"
 LAYERS = ("wire", "engine", "tools", "runners", "policy", "audit", "store", "cli", "scripted")
-LEAVES = ("toolkeeper.common", "toolkeeper.database", "toolkeeper.settings", "toolkeeper.metrics")
+LEAVES = ("toolkeeper.common", "toolkeeper.database", "toolkeeper.settings", "toolkeeper.metrics",
+          "toolkeeper.tracing")
 FORBIDDEN = {
     "engine": {"toolkeeper.wire", "toolkeeper.cli", "toolkeeper.app", "aiohttp"},
     "tools": {"toolkeeper.runners", "toolkeeper.policy", "toolkeeper.engine", "toolkeeper.audit",
@@ -37,10 +38,10 @@ FORBIDDEN = {
     "policy": {"toolkeeper.engine", "toolkeeper.wire", "toolkeeper.cli", "toolkeeper.app", "aiohttp"},
     "audit": {"toolkeeper.wire", "toolkeeper.engine", "toolkeeper.tools", "toolkeeper.runners",
               "toolkeeper.policy", "toolkeeper.store", "toolkeeper.cli", "toolkeeper.app", "toolkeeper.metrics",
-              "toolkeeper.settings"},
+              "toolkeeper.tracing", "toolkeeper.settings"},
     "store": {"toolkeeper.wire", "toolkeeper.engine", "toolkeeper.tools", "toolkeeper.runners",
               "toolkeeper.policy", "toolkeeper.audit", "toolkeeper.cli", "toolkeeper.app", "toolkeeper.metrics",
-              "toolkeeper.settings"},
+              "toolkeeper.tracing", "toolkeeper.settings"},
     "wire": {"toolkeeper.runners", "toolkeeper.cli", "toolkeeper.app", "toolkeeper.scripted"},
 }
 for _layer in ("engine", "tools", "runners", "policy", "audit", "store"):

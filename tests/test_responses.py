@@ -226,7 +226,7 @@ def test_a_model_endpoint_toolkeeper_does_not_speak_is_logged_and_counted(script
     for _ in range(2):
         post(tk, "/v1/completions", b'{"model": "m", "prompt": "hi"}', {"Content-Type": "application/json"})
     metrics = urllib.request.urlopen(tk.base_url[:-3] + "/metrics", timeout=10).read().decode()
-    assert 'toolkeeper_unspoken_requests_total{endpoint="completions"} 2' in metrics
+    assert 'toolkeeper_unspoken_requests_total{endpoint="completions"} 2.0' in metrics
     log = tk.process.stderr()
     assert log.count("/v1/completions is passed through untouched") == 1
 

@@ -36,12 +36,12 @@ from toolkeeper.runners import McpRunner, McpServers, Runner, runners_for
 from toolkeeper.settings import TOKEN_VARIABLE, Settings
 from toolkeeper.store import Store, open_store
 from toolkeeper.tools import Agent, AgentFileError, lint_agent, load_agent_file, load_agent_keys
+from toolkeeper.tracing import Tracing
 from toolkeeper.wire import (
     AdminGuard,
     Check,
     Console,
     Doors,
-    OtlpExporter,
     admin_app,
     approvals_api,
     build_server,
@@ -87,26 +87,22 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
               observers: Iterable[Observer] = ()) -> web.Application:
     """The app for one agent file. `consent` and `observers` stand in for the channel and add record readers
     (the demo answers for the user, tests read records); everything else comes from `settings`."""
+    tracing = Tracing.start(settings.otlp_endpoint, settings.otlp_protocol, __version__)  # None: off
     stores = Stores.open(agent, settings)
     opa = OpaPolicy(settings.opa_url, settings.opa_path, settings.opa_timeout) if settings.opa_url else None
-    policy = Policy(agent.config.yolo, agent_rules(settings, agent), opa)
+    rules = agent_rules(settings, agent)
+    policy = Policy(agent.config.yolo, rules, opa)
     consent = consent or consent_channel(settings, stores.store)
     metrics = Metrics()
-    exporter = OtlpExporter(settings.otlp_endpoint) if settings.otlp_endpoint else None
-    observers = [*observers, *([exporter] if exporter else [])]
+    for rule in rules.rules if rules else ():  # the shadow rules' series, there from the start
+        if rule.mode == "shadow":
+            metrics.expect("toolkeeper_shadow_matches_total", effect=rule.effect, rule=rule.id)
     servers = McpServers(agent.config.mcp_servers, agent.directory)
     handler = CallHandler(runners=tool_runners(agent, servers), consent=consent,
                           policy=policy, store=stores.store, observers=[metrics.record, *observers],
                           audit=stores.audit, forwarded_ttl=settings.history_ttl, metrics=metrics)
-    metrics.counted_elsewhere("toolkeeper_approvals_waiting", "Calls waiting for a person's answer now.",
-                              lambda: {(): float(handler.waiting)}, kind="gauge")
-    history = History(stores.store, settings.history_ttl)
+    history = History(stores.store, settings.history_ttl, metrics)
     engine = Engine(agent, handler, history=history, metrics=metrics)
-    metrics.counted_elsewhere(
-        "toolkeeper_history_restorations_total",
-        "Assistant messages given back their hidden exchange (hit), or whose exchange was not found: "
-        "expired or edited history (miss).",
-        lambda: {(("outcome", outcome),): float(history.counts[outcome]) for outcome in ("hit", "miss")})
 
     guard = AdminGuard(settings.admin_token, stores.store)
     admin = admin_app(guard, approvals_api(stores.store), Console(stores.audit, stores.store, guard),
@@ -116,17 +112,17 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     doors = Doors(mcp_server, HookCalls(engine.agent_calls), settings.host)
     app = proxy_app(engine, settings, upstream_url=agent.config.upstream, api_key=api_key, metrics=metrics,
                     admin=admin, agent_keys=agent_keys(agent, settings), checks=stores.checks(), store=stores.store,
-                    doors=doors)
+                    doors=doors, tracing=tracing)
 
     async def close(app: web.Application) -> None:
         await servers.close()
         if opa is not None:
             await opa.close()
         await stores.close()
+        if tracing is not None:  # the batched spans sent, from a thread: a collector away may take seconds
+            await asyncio.to_thread(tracing.shutdown)
 
     app.on_cleanup.append(close)
-    if exporter is not None:
-        app.cleanup_ctx.append(exporter.run)
     app[RELOAD] = Reloader(engine, settings)
     app[MCP_SERVER] = mcp_server
     return app

@@ -147,7 +147,7 @@ def describe(path: Path, raw: dict[str, Any], exc: ValidationError, *, entries: 
             where += f": {entry} {name!r}" if name else f": {entry} #{loc[1] + 1}"
             loc = loc[2:]
         # pydantic names the branches of a union (function-..., literal[...]): not keys of the file
-        key = ".".join(str(part) for part in loc if not str(part).startswith(("function-", "literal[")))
+        key = ".".join(str(part) for part in loc if not str(part).startswith(("function-", "literal[", "tuple[")))
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
             message = "unknown key"

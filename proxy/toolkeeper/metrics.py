@@ -1,99 +1,210 @@
-"""Prometheus metrics, in the text format, from a registry small enough to read.
+"""Prometheus metrics, on `prometheus_client`: every family declared once below, every series there from the start.
 
-    toolkeeper_requests_total{api,stream,code}         agent requests answered (chat, responses)
-    toolkeeper_unspoken_requests_total{path}            model requests to an API toolkeeper does not speak
+    toolkeeper_requests_total{api,stream,code}         agent requests answered (chat, responses, messages)
+    toolkeeper_unspoken_requests_total{endpoint}        model requests to an API toolkeeper does not speak
+    toolkeeper_ungoverned_refused_total{endpoint}       requests to a tool-capable endpoint it does not govern
+    toolkeeper_ungoverned_passed_total{endpoint}        ... let through by --pass-ungoverned
     toolkeeper_model_rounds_total                       upstream model calls
     toolkeeper_upstream_seconds (histogram)             one model round, first byte to last
     toolkeeper_declared_calls_total{tool,status}        declared calls, by outcome
     toolkeeper_decisions_total{source,effect}           policy decisions, by who decided
+    toolkeeper_shadow_matches_total{rule,effect}        calls a shadow rule matched, and what it would have done
     toolkeeper_tool_seconds{tool} (histogram)           a declared tool's run
     toolkeeper_history_restorations_total{outcome}      hidden exchanges put back (hit) or missed
     toolkeeper_approvals_waiting (gauge)                calls waiting for a person's answer now
     toolkeeper_approval_wait_seconds (histogram)        how long a call waited for its answer
     toolkeeper_audit_write_failures_total               audit events that could not be written
     toolkeeper_upstream_errors_total{api,status}        turns ended by the model server's failure
+    toolkeeper_unknown_calls_total{kind}                calls of a kind toolkeeper does not know, denied
+    toolkeeper_hosted_tools_withheld_total{kind}        tools the model server runs, withheld by the rules
 
-Each process counts its own: with --workers or replicas, scrape each.
+One process: a registry per `Metrics` (several apps in one process never
+collide). `serve --workers N`: the supervisor sets PROMETHEUS_MULTIPROC_DIR to a
+private directory before it forks, each worker writes its values there, and any
+worker's /metrics adds them all up (`MultiProcessCollector`).
+
+A label whose values come from outside is bounded: a tool name counts as
+itself when toolkeeper declared it, and any other name (the agent's own tools,
+the model server's, an MCP server's), like an unknown call's kind, as itself
+for the first CAP distinct values of the process, then as `other`.
 """
 
 from __future__ import annotations
 
-import bisect
-import threading
-from collections import Counter
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import itertools
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from toolkeeper.audit import ExecutionRecord
 
+MULTIPROCESS = "PROMETHEUS_MULTIPROC_DIR"
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+CAP = 50  # distinct outside values a bounded label shows before `other`
+OTHER = "other"
+# Who decides (the record's decision_source) and what: the decisions_total series there from the start.
+DECISION_SOURCES = ("rules", "opa", "policy", "tier", "yolo", "default", "consent", "loop_detector", "store",
+                    "retry", "toolkeeper", "hosted", "pin")
+DECISION_EFFECTS = ("allow", "deny")
+CALL_ENDINGS = ("ok", "failed", "timeout", "denied", "invalid")  # a declared tool's series there from the start
 
 
-def _labels(pairs: tuple[tuple[str, str], ...]) -> str:
-    if not pairs:
-        return ""
-    inner = ",".join(f'{k}="{v}"'.replace("\n", " ") for k, v in pairs)
-    return "{" + inner + "}"
+@dataclass(frozen=True)
+class Family:
+    kind: str  # counter | gauge | histogram
+    help: str
+    labels: tuple[str, ...] = ()  # sorted: the page shows them so
+    bounded: tuple[str, ...] = ()  # labels whose values come from outside: CAP of them, then `other`
+
+
+FAMILIES = {
+    "toolkeeper_requests_total": Family("counter", "Agent requests answered, by API, streaming and status.",
+                                        ("api", "code", "stream")),
+    "toolkeeper_unspoken_requests_total": Family(
+        "counter", "Model requests passed through to an endpoint toolkeeper does not speak (no declared tools).",
+        ("endpoint",)),
+    "toolkeeper_ungoverned_refused_total": Family(
+        "counter", "Requests to a tool-capable endpoint toolkeeper does not govern, refused.", ("endpoint",)),
+    "toolkeeper_ungoverned_passed_total": Family(
+        "counter", "Requests to a tool-capable endpoint toolkeeper does not govern, passed by --pass-ungoverned.",
+        ("endpoint",)),
+    "toolkeeper_model_rounds_total": Family("counter", "Model rounds: one upstream call each."),
+    "toolkeeper_upstream_seconds": Family("histogram", "One model round, request to last byte."),
+    "toolkeeper_declared_calls_total": Family("counter", "Declared calls, by tool and outcome.", ("status", "tool")),
+    "toolkeeper_decisions_total": Family("counter", "Policy decisions, by source and effect.", ("effect", "source")),
+    "toolkeeper_shadow_matches_total": Family(
+        "counter", "Calls a shadow rule matched, by rule and the effect it would have had.", ("effect", "rule")),
+    "toolkeeper_tool_seconds": Family("histogram", "A declared tool's run, in seconds.", ("tool",)),
+    "toolkeeper_history_restorations_total": Family(
+        "counter", "Assistant messages given back their hidden exchange (hit), or whose exchange was not found: "
+        "expired or edited history (miss).", ("outcome",)),
+    "toolkeeper_approvals_waiting": Family("gauge", "Calls waiting for a person's answer now."),
+    "toolkeeper_approval_wait_seconds": Family(
+        "histogram", "How long a call waited for a person's answer (from the ask to the answer)."),
+    "toolkeeper_audit_write_failures_total": Family(
+        "counter", "Audit events that could not be written (the call was then refused, or its outcome lost)."),
+    "toolkeeper_upstream_errors_total": Family(
+        "counter", "Turns ended by the model server's failure, by status (502: unreachable or malformed, 504: no "
+        "answer in time).", ("api", "status")),
+    "toolkeeper_unknown_calls_total": Family("counter", "Calls of a kind toolkeeper does not know, denied.",
+                                             ("kind",), bounded=("kind",)),
+    "toolkeeper_hosted_tools_withheld_total": Family(
+        "counter", "Tools the model server runs, withheld from a request by the rules.", ("kind",),
+        bounded=("kind",)),
+}
+
+
+class Capped:
+    """A label's outside values: the first CAP distinct ones as themselves, the rest as `other`."""
+
+    def __init__(self, cap: int = CAP):
+        self.cap = cap
+        self.seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self.seen:
+            return value
+        if len(self.seen) >= self.cap:
+            return OTHER
+        self.seen.add(value)
+        return value
+
+
+def _client() -> Any:
+    """prometheus_client, imported with the first `Metrics`: it picks where values live (memory, or the files of
+    PROMETHEUS_MULTIPROC_DIR) once, when imported, so the supervisor of --workers sets the variable first."""
+    import prometheus_client
+    from prometheus_client import values
+
+    if os.environ.get(MULTIPROCESS) and values.ValueClass is values.MutexValue:
+        raise RuntimeError(f"prometheus_client was imported before {MULTIPROCESS} was set: the workers' metrics "
+                           "would not be shared")
+    prometheus_client.disable_created_metrics()  # the *_created series: one more per series, read by nobody here
+    return prometheus_client
 
 
 class Metrics:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counters: dict[str, Counter[tuple[tuple[str, str], ...]]] = {}
-        self._histograms: dict[str, dict[tuple[tuple[str, str], ...], list[float]]] = {}
-        self._help: dict[str, str] = {}
-        self._gauges: dict[str, Callable[[], dict[tuple[tuple[str, str], ...], float]]] = {}
-        self._kinds: dict[str, str] = {}  # what a value read elsewhere is: counter or gauge
+        client = _client()
+        self.content_type: str = client.CONTENT_TYPE_LATEST  # the page's
+        self.shared = os.environ.get(MULTIPROCESS) or None  # the workers' directory, in multi-process mode
+        self.registry = client.CollectorRegistry()
+        if self.shared:  # each value is written to the directory; the page reads all of it
+            from prometheus_client.multiprocess import MultiProcessCollector
 
-    def count(self, name: str, help_text: str, amount: float = 1, **labels: str) -> None:
-        with self._lock:
-            self._help.setdefault(name, help_text)
-            self._counters.setdefault(name, Counter())[tuple(sorted(labels.items()))] += amount
+            MultiProcessCollector(self.registry, path=self.shared)
+        self._capped: dict[str, Capped] = {}
+        self._families = {name: self._family(client, name, family) for name, family in FAMILIES.items()}
+        for effect, source in itertools.product(DECISION_EFFECTS, DECISION_SOURCES):
+            self.expect("toolkeeper_decisions_total", effect=effect, source=source)
 
-    def observe(self, name: str, help_text: str, seconds: float, **labels: str) -> None:
-        with self._lock:
-            self._help.setdefault(name, help_text)
-            series = self._histograms.setdefault(name, {}).setdefault(tuple(sorted(labels.items())),
-                                                                      [0.0] * (len(BUCKETS) + 2))
-            series[bisect.bisect_left(BUCKETS, seconds)] += 1  # the first bucket it fits in
-            series[-1] += seconds
+    def _family(self, client: Any, name: str, family: Family) -> Any:
+        registry = None if self.shared else self.registry
+        if family.kind == "histogram":
+            return client.Histogram(name, family.help, family.labels, registry=registry, buckets=BUCKETS)
+        if family.kind == "gauge":  # several workers: the sum of the live ones
+            return client.Gauge(name, family.help, family.labels, registry=registry, multiprocess_mode="livesum")
+        return client.Counter(name, family.help, family.labels, registry=registry)
 
-    def counted_elsewhere(self, name: str, help_text: str,
-                          read: Callable[[], dict[tuple[tuple[str, str], ...], float]], kind: str = "counter") -> None:
-        """A counter (or a gauge) kept by another component, read when scraped."""
-        self._help[name] = help_text
-        self._gauges[name] = read
-        self._kinds[name] = kind
+    def _series(self, name: str, labels: dict[str, str]) -> Any:
+        family = self._families[name]
+        if not labels:
+            return family
+        bounded = FAMILIES[name].bounded
+        return family.labels(*(self.bounded(label, labels[label]) if label in bounded else labels[label]
+                               for label in FAMILIES[name].labels))
+
+    def bounded(self, label: str, value: str) -> str:
+        """An outside value of `label`, as the page shows it: itself, or `other` past CAP distinct ones."""
+        capped = self._capped.get(label)
+        if capped is None:
+            capped = self._capped[label] = Capped()
+        return capped(value)
+
+    def count(self, name: str, amount: float = 1, **labels: str) -> None:
+        self._series(name, labels).inc(amount)
+
+    def add(self, name: str, amount: float, **labels: str) -> None:
+        """A gauge up (or down, with a negative amount)."""
+        self._series(name, labels).inc(amount)
+
+    def observe(self, name: str, seconds: float, **labels: str) -> None:
+        self._series(name, labels).observe(seconds)
+
+    def expect(self, name: str, **labels: str) -> None:
+        """A series of a labelled family shown from the start, at zero (an unlabelled one always is)."""
+        self._series(name, labels)
+
+    def declared(self, tools: Iterable[str]) -> None:
+        """The declared tools' series, from the start (and after a reload, for the tools it adds)."""
+        for tool in tools:
+            for status in CALL_ENDINGS:
+                self.expect("toolkeeper_declared_calls_total", status=status, tool=tool)
+            self.expect("toolkeeper_tool_seconds", tool=tool)
 
     def record(self, record: ExecutionRecord) -> None:
         """An observer of execution records."""
-        self.count("toolkeeper_declared_calls_total", "Declared calls, by tool and outcome.",
-                   tool=record.tool, status=record.status)
+        # a declared tool's name is the agent file's; any other comes from the agent or a server: bounded
+        tool = record.tool if record.source == "declared" else self.bounded("tool", record.tool)
+        self.count("toolkeeper_declared_calls_total", status=record.status, tool=tool)
         if record.decision:
-            self.count("toolkeeper_decisions_total", "Policy decisions, by source and effect.",
-                       source=record.decision_source, effect=record.decision)
+            self.count("toolkeeper_decisions_total", effect=record.decision, source=record.decision_source)
+        for shadow in record.shadow:
+            self.count("toolkeeper_shadow_matches_total", effect=shadow["effect"], rule=shadow["rule"])
         if record.duration_ms:
-            self.observe("toolkeeper_tool_seconds", "A declared tool's run, in seconds.",
-                         record.duration_ms / 1000, tool=record.tool)
+            self.observe("toolkeeper_tool_seconds", record.duration_ms / 1000, tool=tool)
 
-    def render(self) -> str:
-        lines: list[str] = []
-        with self._lock:
-            for name, series in sorted(self._counters.items()):
-                lines += [f"# HELP {name} {self._help[name]}", f"# TYPE {name} counter"]
-                lines += [f"{name}{_labels(labels)} {value:g}" for labels, value in sorted(series.items())]
-            for name, read in sorted(self._gauges.items()):
-                lines += [f"# HELP {name} {self._help[name]}", f"# TYPE {name} {self._kinds[name]}"]
-                lines += [f"{name}{_labels(labels)} {value:g}" for labels, value in sorted(read().items())]
-            for name, histogram in sorted(self._histograms.items()):
-                lines += [f"# HELP {name} {self._help[name]}", f"# TYPE {name} histogram"]
-                for labels, series in sorted(histogram.items()):
-                    running = 0.0
-                    for bound, count in zip((*BUCKETS, "+Inf"), series[:-1], strict=True):
-                        running += count
-                        le = (*labels, ("le", f"{bound:g}" if bound != "+Inf" else bound))
-                        lines.append(f"{name}_bucket{_labels(le)} {running:g}")
-                    lines.append(f"{name}_sum{_labels(labels)} {series[-1]:.6f}")
-                    lines.append(f"{name}_count{_labels(labels)} {running:g}")
-        return "\n".join(lines) + "\n"
+    def render(self) -> bytes:
+        """The page, in prometheus_client's text format (`content_type`)."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+def forget_process(pid: int, directory: str) -> None:
+    """A worker that died: its live gauges leave the sums (its counters stay: what it counted happened)."""
+    from prometheus_client.multiprocess import mark_process_dead
+
+    mark_process_dead(pid, directory)

@@ -93,8 +93,13 @@ class Settings:
                                           "as in the agent file); a request must then present a known key")
     idle_timeout: float = option(15.0, "seconds a connection may stay without a complete request (before its "
                                        "headers, or between requests) before it is closed")
-    otlp_endpoint: str | None = option(None, "an OpenTelemetry collector's OTLP/HTTP address (http://host:4318): one "
-                                             "span per call, with its tool, decision and status", metavar="URL")
+    otlp_endpoint: str | None = option(None, "an OpenTelemetry collector's OTLP address (http://host:4318; gRPC: "
+                                             "http://host:4317), instead of $OTEL_EXPORTER_OTLP_ENDPOINT: a span "
+                                             "per agent request, model round and declared call (needs the `otel` "
+                                             "extra)", metavar="URL")
+    otlp_protocol: str | None = option(None, "how spans go to the collector, instead of "
+                                             "$OTEL_EXPORTER_OTLP_PROTOCOL (default http/protobuf)",
+                                       choices=("http/protobuf", "grpc"))
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
     admin_token: str | None = option(None, f"the admin API's token, from ${TOKEN_VARIABLE}", flag=False,
                                      secret=True)

@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS audit_calls (
     header TEXT,                        -- the identity header the deployment set
     request_id TEXT NOT NULL DEFAULT '',
     waited_ms {real},                   -- how long a person took to answer
-    arguments TEXT NOT NULL DEFAULT ''  -- as sent and as coerced (redacted), for the search
+    arguments TEXT NOT NULL DEFAULT '', -- as sent and as coerced (redacted), for the search
+    shadow TEXT                         -- the strongest effect a shadow rule would have had (deny, ask, allow)
 );
 CREATE INDEX IF NOT EXISTS audit_calls_time ON audit_calls (time);
 CREATE INDEX IF NOT EXISTS audit_calls_request ON audit_calls (request_id);
@@ -42,7 +43,10 @@ CREATE INDEX IF NOT EXISTS audit_calls_request ON audit_calls (request_id);
 
 # Set by the call's first event (decided, refused or forwarded); later events move its state on.
 FIRST_COLUMNS = ("record_id", "first_seq", "last_seq", "time", "tool", "agent", "status", "source",
-                 "decision_source", "rule", "approver", "header", "request_id", "waited_ms", "arguments")
+                 "decision_source", "rule", "approver", "header", "request_id", "waited_ms", "arguments", "shadow")
+# Columns added to the index after its first release: (name, type); a trail opened without one gets it, NULL
+# for the calls before (their events have no such field, so NULL is what the chain says).
+ADDED_COLUMNS = (("shadow", "TEXT"),)
 STATE_COLUMNS = ("last_seq", "status")
 UPSERT = (f"INSERT INTO audit_calls ({', '.join(FIRST_COLUMNS)}) VALUES ({', '.join('?' * len(FIRST_COLUMNS))}) "  # noqa: S608
           f"ON CONFLICT (record_id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in STATE_COLUMNS)} "
@@ -54,7 +58,8 @@ UNINDEXED = ("SELECT e.seq, e.body FROM audit_events e LEFT JOIN audit_calls c O
              "WHERE c.last_seq IS NULL OR c.last_seq < e.seq ORDER BY e.seq")
 
 # A filter's name, and the SQL test of one row it adds (one `?` each).
-EQUALS = ("tool", "status", "agent", "source", "decision_source", "rule", "approver", "header", "request_id")
+EQUALS = ("tool", "status", "agent", "source", "decision_source", "rule", "approver", "header", "request_id",
+          "shadow")
 BOUNDS = {"since": "time >= ?", "until": "time < ?", "until_seq": "last_seq <= ?"}
 PAGE_SIZE = 50
 
@@ -67,7 +72,13 @@ def call_row(event: dict[str, Any], seq: int) -> tuple:
     return (event["record_id"], seq, seq, event["time"], event["tool"], event["agent"], event["status"],
             event.get("source", ""), event.get("decision_source", ""), event.get("decision_rule"),
             event.get("approver"), header if isinstance(header, str) else None, event.get("request_id", ""),
-            event.get("waited_ms"), arguments)
+            event.get("waited_ms"), arguments, strongest_shadow(event.get("shadow")))
+
+
+def strongest_shadow(shadow: Any) -> str | None:
+    """The most restrictive effect among the shadow rules that matched a call: what the console filters on."""
+    effects = {entry.get("effect") for entry in shadow or () if isinstance(entry, dict)}
+    return next((effect for effect in ("deny", "ask", "allow") if effect in effects), None)
 
 
 def rows_of_chain(events: list[tuple[int, dict[str, Any]]]) -> dict[str, tuple]:

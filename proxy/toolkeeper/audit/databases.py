@@ -17,6 +17,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from toolkeeper.audit.calls import ADDED_COLUMNS
 from toolkeeper.audit.events import AuditError
 from toolkeeper.audit.redaction import Redactor
 from toolkeeper.audit.trail import SCHEMA, WRITE_WAIT, SQLAudit
@@ -42,6 +43,14 @@ class SQLiteAudit(SQLAudit):
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA.format(serial="INTEGER PRIMARY KEY AUTOINCREMENT", key="INTEGER PRIMARY KEY",
                                              real="REAL", blob="BLOB"))
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(audit_calls)")}
+        for name, kind in ADDED_COLUMNS:
+            if name not in have:
+                try:
+                    self._db.execute(f"ALTER TABLE audit_calls ADD COLUMN {name} {kind}")
+                except sqlite3.OperationalError as exc:  # another process starting added it first
+                    if "duplicate column" not in str(exc):
+                        raise
         if self.path == ":memory:":  # another connection would open another, empty database
             self._reader, self._read_lock = self._db, self._lock
         else:  # WAL: this one reads while the other writes
@@ -110,6 +119,8 @@ class PostgresAudit(SQLAudit):
                     db.execute(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
                     db.execute(SCHEMA.format(serial="BIGSERIAL PRIMARY KEY", key="BIGINT PRIMARY KEY",
                                              real="DOUBLE PRECISION", blob="BYTEA"))
+                    for name, kind in ADDED_COLUMNS:
+                        db.execute(f"ALTER TABLE audit_calls ADD COLUMN IF NOT EXISTS {name} {kind}")
         except psycopg.Error as exc:
             raise AuditError(f"cannot open the audit trail at {without_password(self.path)}: {exc}") from exc
         return db

@@ -61,6 +61,7 @@ class ExecutionRecord(BaseModel):
     agent_revision: str | None = _in("decided")  # which declarations: a hash of the agent file
     decision_id: str | None = _in("decided")  # OPA's decision id
     policy_input: dict[str, Any] | None = _in("decided")  # the document the policy read
+    shadow: list[dict[str, str]] = _in("decided", default_factory=list)  # shadow rules that matched: {rule, effect}
     consent: str | None = _in("decided")  # approved | denied, when someone was asked
     approver: str | None = _in("decided")
     waited_ms: float | None = _in("decided")  # how long the call waited for a person's answer
@@ -82,6 +83,7 @@ class ExecutionRecord(BaseModel):
         self.decision_rule = decision.rule_id or self.decision_rule
         self.policy_revision = decision.revision or self.policy_revision
         self.decision_id = decision.decision_id or self.decision_id
+        self.shadow = [dict(entry) for entry in decision.shadow] or self.shadow
 
     @classmethod
     def fields_of(cls, phase: Phase) -> tuple[str, ...]:
@@ -106,6 +108,7 @@ class Decided(Protocol):
     rule_id: str | None
     revision: str | None
     decision_id: str | None
+    shadow: tuple[dict[str, str], ...]
 
 
 class Observer(Protocol):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 
 from toolkeeper.cli import approvals, audit, authoring, demo, evaluation, hooks, intercept, mcp, policy, serve, tokens
@@ -39,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     if after and not hasattr(args, "serve_options"):
         parser.error(f"{args.command} takes no options after --")
     args.serve_options = after
-    return args.run(args)
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # `toolkeeper audit list | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _unknown_options(command: argparse.ArgumentParser, unknown: list[str]) -> None:

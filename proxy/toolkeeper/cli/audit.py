@@ -32,13 +32,34 @@ def since(text: str | None, flag: str = "--since") -> float | None:
                          f"2026-11-30T09:00; got {text!r}") from None
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def trail_arguments() -> argparse.ArgumentParser:
+    """The options that find serve's trail, for every command that reads it."""
     trail = argparse.ArgumentParser(add_help=False)
     trail.add_argument("--db", "--audit", dest="audit", default=argparse.SUPPRESS,
                        help="the audit trail: serve's --audit (an SQLite file, or a postgresql:// URL); default "
                        "$TOOLKEEPER_AUDIT, else the config file's, else toolkeeper-audit.sqlite3 next to the agent "
                        "file, else in the current directory")
     Settings.client_arguments(trail)
+    return trail
+
+
+def open_trail(args: argparse.Namespace) -> SQLAudit | None:
+    """serve's trail, as the options and settings name it; None when there is none (said on stderr)."""
+    trail = Settings.for_command(args).kept("audit")
+    if not is_postgres_url(trail) and not Path(trail).exists():
+        print(f"toolkeeper: no audit trail at {trail}: name serve's trail with --db, or its agent file with "
+              "--agent-file (the trail is next to it unless serve was given --audit), or serve's --config",
+              file=sys.stderr)
+        return None
+    try:
+        return open_audit(trail)
+    except AuditError as exc:
+        print(f"toolkeeper: {exc}", file=sys.stderr)
+        return None
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    trail = trail_arguments()
     audit = commands.add_parser("audit", parents=[trail],
                                 help="read the audit trail: list, show, tail, export, verify")
     audit.set_defaults(run=run)
@@ -50,6 +71,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("--until", help="until this long ago, or this ISO time (with --since: a time range)")
         sub.add_argument("--approver", help="only calls answered by this approver")
         sub.add_argument("--rule", help="only calls a security rule of this id decided")
+        sub.add_argument("--shadow", choices=("deny", "ask", "allow"),
+                         help="only calls a shadow rule would have denied (asked about, allowed)")
         sub.add_argument("--header", help="only calls whose identity header (serve --identity-header) says this")
         sub.add_argument("--tool", help="only calls of this tool")
         sub.add_argument("--status", choices=STATUSES, help="only calls in this state")
@@ -85,16 +108,8 @@ def line(record: AuditEntry) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    trail = Settings.for_command(args).kept("audit")
-    if not is_postgres_url(trail) and not Path(trail).exists():
-        print(f"toolkeeper: no audit trail at {trail}: name serve's trail with --db, or its agent file with "
-              "--agent-file (the trail is next to it unless serve was given --audit), or serve's --config",
-              file=sys.stderr)
-        return 2
-    try:
-        audit = open_audit(trail)
-    except AuditError as exc:
-        print(f"toolkeeper: {exc}", file=sys.stderr)
+    audit = open_trail(args)
+    if audit is None:
         return 2
     try:
         return COMMANDS[args.audit_command](audit, args)
@@ -143,7 +158,7 @@ def _filters(args: argparse.Namespace) -> dict:
     return {"since": since(args.since), "until": since(args.until, "--until"), "tool": args.tool,
             "status": args.status, "agent": args.agent, "source": args.source, "approver": args.approver,
             "rule": args.rule, "header": args.header, "decision_source": args.decision_source,
-            "request_id": args.request_id, "search": args.search}
+            "request_id": args.request_id, "search": args.search, "shadow": args.shadow}
 
 
 def export(audit: SQLAudit, args: argparse.Namespace) -> int:

@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from toolkeeper.cli.policy_import import add_import_parser, run_import
+from toolkeeper.cli.replay import add_replay_parser, run_replay
 from toolkeeper.common import Strict, load_yaml_model
 from toolkeeper.engine import CallHandler, TurnContext
 from toolkeeper.policy import (
@@ -33,6 +35,7 @@ from toolkeeper.policy import (
     Policy,
     Rules,
     RulesError,
+    commands_in,
     default_rules_path,
     load_rules,
     rules_in_force,
@@ -43,7 +46,8 @@ from toolkeeper.tools import Agent, AgentFileError, check_call, load_agent_file
 class Call(Strict):
     tool: str
     arguments: dict[str, Any] = Field(default_factory=dict)
-    source: Literal["declared", "agent", "hosted"] = "declared"  # agent: the agent's own; hosted: the server's
+    source: Literal["declared", "agent", "hosted", "mcp"] = "declared"  # agent: the agent's own; hosted: the
+    #                                                                       server's; mcp: an MCP server's
     kind: str = "function"  # an agent's call: its type as the model sends it (shell_call, apply_patch_call, ...)
 
 
@@ -54,6 +58,7 @@ class Situation(Strict):
     interactive: bool = True
     at: datetime | None = None
     agent: dict[str, str] = Field(default_factory=dict)  # id, header
+    workdir: str | None = None  # the agent's working directory, as a hook would say it (null: not known)
 
 
 class Scenario(Situation):
@@ -61,6 +66,7 @@ class Scenario(Situation):
     call: Call
     expect: str
     rule: str | None = None
+    shadow: tuple[str, ...] | None = None  # the shadow rules that must match it (none: not checked)
 
 
 class ScenarioFile(Strict):
@@ -77,6 +83,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     test.add_argument("scenarios", help="the scenarios file (YAML): calls in, the expected decisions out")
     test.add_argument("--opa-url", help="run the scenarios against this OPA server too")
     test.add_argument("--opa-path", default=DEFAULT_PATH, help=f"the rule OPA evaluates (default {DEFAULT_PATH})")
+    add_replay_parser(policy_commands)
+    add_import_parser(policy_commands)
     explain = policy_commands.add_parser("explain", help="show one call's policy input and the rule that decides")
     explain.add_argument("agent_file", help="the agent file (YAML) declaring the tool")
     explain.add_argument("tool", help="the tool's name (with --source agent, one of the agent's own)")
@@ -87,7 +95,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     explain.add_argument("--at", type=datetime.fromisoformat, help="the time of the call (ISO 8601)")
     explain.add_argument("--agent-id", default="", help="the agent's name or hash, as policies read it")
     explain.add_argument("--agent-header", help="the identity header's value, as policies read agent.header")
-    explain.add_argument("--source", choices=["declared", "agent", "hosted"], default="declared",
+    explain.add_argument("--workdir", help="the agent's working directory, as its hook would say it: relative "
+                                           "paths resolve in it (default: not known)")
+    explain.add_argument("--source", choices=["declared", "agent", "hosted", "mcp"], default="declared",
                          help="agent: TOOL is one of the agent's own (Bash, exec_command), not in the agent file")
     explain.add_argument("--kind", default="function",
                          help="with --source agent: the call's type (shell_call, local_shell_call, apply_patch_call, "
@@ -98,6 +108,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.policy_command == "replay":
+            return run_replay(args)
+        if args.policy_command == "import":
+            return run_import(args)
         if args.policy_command == "test":
             return run_tests(args.scenarios, opa_url=args.opa_url, opa_path=args.opa_path)
         return explain(args)
@@ -111,7 +125,8 @@ async def evaluate(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, cal
     """The policy input `serve` would build for this call, and the decision, by the steps `serve` takes."""
     yolo = agent.config.yolo if situation.yolo is None else situation.yolo
     handler = CallHandler(runners={}, consent=NoConsent(), policy=Policy(yolo, rules, opa))
-    turn = TurnContext(agent=situation.agent.get("id", ""), agent_header=situation.agent.get("header"))
+    turn = TurnContext(agent=situation.agent.get("id", ""), agent_header=situation.agent.get("header"),
+                       workdir=situation.workdir)
     if call.source != "declared":
         document = handler.document(call.tool, call.arguments, None, turn, interactive=situation.interactive,
                                     now=situation.at, kind=call.kind, source=call.source)
@@ -131,7 +146,8 @@ async def evaluate(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, cal
 
 def _describe(decision: Decision) -> str:
     by = f"rule {decision.rule_id}" if decision.rule_id else decision.source
-    return f"{decision.effect} ({by}: {decision.reason})"
+    shadow = "".join(f"; shadow rule {s['rule']} would {s['effect']}" for s in decision.shadow)
+    return f"{decision.effect} ({by}: {decision.reason}){shadow}"
 
 
 def run_tests(path: str | Path, *, opa_url: str | None = None, opa_path: str = DEFAULT_PATH) -> int:
@@ -165,8 +181,11 @@ async def _run_tests(path: str | Path, opa_url: str | None, opa_path: str) -> in
                     print(f"FAIL [{engine}] {scenario.name}: {exc}")
                     failures += 1
                     continue
-                ok = decision.effect == scenario.expect and scenario.rule in (None, decision.rule_id)
-                expected = scenario.expect + (f" by rule {scenario.rule}" if scenario.rule else "")
+                shadowed = tuple(s["rule"] for s in decision.shadow)
+                ok = decision.effect == scenario.expect and scenario.rule in (None, decision.rule_id) and (
+                    scenario.shadow is None or set(scenario.shadow) == set(shadowed))
+                expected = scenario.expect + (f" by rule {scenario.rule}" if scenario.rule else "") + (
+                    f" with shadow rules [{', '.join(scenario.shadow)}]" if scenario.shadow is not None else "")
                 if ok:
                     print(f"PASS [{engine}] {scenario.name}: {_describe(decision)}")
                 else:
@@ -178,6 +197,19 @@ async def _run_tests(path: str | Path, opa_url: str | None, opa_path: str) -> in
                 await opa.close()
     print(f"scenarios: {runs - failures} passed, {failures} failed (rules revision {rules.revision})")
     return 1 if failures else 0
+
+
+def _print_commands(document: dict[str, Any]) -> None:
+    """The commands toolkeeper reads in the call's command arguments, as `runs:` rules see them."""
+    for name, found in commands_in(document):
+        print(f"\ncommands in {name}:")
+        for command in found.commands:
+            words = " ".join("<unknown>" if word is None else json.dumps(word) for word in command.argv)
+            writes = "".join(f" > {'<unknown>' if target is None else json.dumps(target)}"
+                             for target in command.writes)
+            print(f"  {words}{writes}" + (f"  (via {command.via})" if command.via else ""))
+        for why in found.unresolved:
+            print(f"  unresolved: {why}")
 
 
 def explain(args: argparse.Namespace) -> int:
@@ -192,7 +224,7 @@ def explain(args: argparse.Namespace) -> int:
     agent = load_agent_file(args.agent_file)
     rules = rules_in_force(args.policy, args.opa_url)
     opa = OpaPolicy(args.opa_url, args.opa_path, timeout=5) if args.opa_url else None
-    situation = Situation(yolo=args.yolo, at=args.at, agent={"id": args.agent_id, **(
+    situation = Situation(yolo=args.yolo, at=args.at, workdir=args.workdir, agent={"id": args.agent_id, **(
         {"header": args.agent_header} if args.agent_header is not None else {})})
 
     async def run() -> tuple[dict[str, Any], Decision]:
@@ -208,9 +240,11 @@ def explain(args: argparse.Namespace) -> int:
     print(json.dumps(document, indent=2, ensure_ascii=False))
     if rules is not None:
         print(f"\nrules {rules.path} (revision {rules.revision}):")
-        matched = {rule.id for rule in rules.matching(document)}
+        matched = {rule.id for rule in [*rules.matching(document), *rules.matching(document, shadow=True)]}
         for rule in rules.rules:
-            print(f"  {'MATCH' if rule.id in matched else '     '} {rule.id}: {rule.effect}")
+            mode = " (shadow: recorded, not deciding)" if rule.mode == "shadow" else ""
+            print(f"  {'MATCH' if rule.id in matched else '     '} {rule.id}: {rule.effect}{mode}")
+        _print_commands(document)
     if opa is not None:
         print(f"\nOPA {opa.url}/v1/data/{opa.path}: decision id {decision.decision_id}, "
               f"bundles {decision.revision}")

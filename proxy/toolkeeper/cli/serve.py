@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from toolkeeper.policy import RulesError
     from toolkeeper.store import SchemaError, StoreError
     from toolkeeper.tools import AgentFileError, load_agent_file
+    from toolkeeper.tracing import check as check_tracing
 
     try:
         settings = Settings.from_arguments(args)
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         agent = load_agent_file(agent_file, upstream=settings.upstream)
         if not linted(agent):
             return 2
+        check_tracing(settings.otlp_endpoint, settings.otlp_protocol)  # before any worker starts
         workers = worker_count(settings)
         if workers > 1:
             def worker(given: Settings, ready_fd: int | None) -> int:

@@ -5,7 +5,9 @@ each listen on it with SO_REUSEPORT (the kernel spreads connections among
 them), and waits until every one is listening before it prints the start line.
 It passes SIGTERM, SIGINT and SIGHUP on to them, and starts a worker again
 when one dies. What the workers share lives in the store (SQLite by default:
-restoration, the retry memo and approvals work across them).
+restoration, the retry memo and approvals work across them); their metrics, in
+a private directory the supervisor makes (`shared_metrics`), so that any
+worker's /metrics counts them all.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+from toolkeeper.metrics import MULTIPROCESS, forget_process
 from toolkeeper.settings import Settings
 
 # A worker's whole life: serve with these settings, say "listening" on the fd (None: say nothing), return its
@@ -51,15 +56,35 @@ def supervise(settings: Settings, count: int, worker: Worker, announce: Callable
     keep them running until a signal stops them."""
     reserved = reserve_port(settings.host, settings.port)
     try:
-        return Supervisor(replace(settings, port=reserved.getsockname()[1]), worker).run(count, announce)
+        with shared_metrics() as directory:
+            return Supervisor(replace(settings, port=reserved.getsockname()[1]), worker, directory).run(count,
+                                                                                                        announce)
     finally:
         reserved.close()
 
 
+@contextlib.contextmanager
+def shared_metrics() -> Iterator[str]:
+    """A private directory where every worker writes its metrics (prometheus_client's multi-process mode), named
+    to the workers by PROMETHEUS_MULTIPROC_DIR before the first fork; removed when the supervisor ends."""
+    directory = tempfile.mkdtemp(prefix="toolkeeper-metrics-")  # mode 0700: this user's alone
+    before = os.environ.get(MULTIPROCESS)
+    os.environ[MULTIPROCESS] = directory
+    try:
+        yield directory
+    finally:
+        if before is None:
+            os.environ.pop(MULTIPROCESS, None)
+        else:
+            os.environ[MULTIPROCESS] = before
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 class Supervisor:
-    def __init__(self, settings: Settings, worker: Worker):
+    def __init__(self, settings: Settings, worker: Worker, metrics_directory: str | None = None):
         self.settings = settings
         self.worker = worker
+        self.metrics_directory = metrics_directory  # the workers' shared metrics
         self.workers: dict[int, int] = {}  # pid -> the worker's index
         self.stopping = False
 
@@ -82,6 +107,8 @@ class Supervisor:
             except ChildProcessError:
                 break
             index = self.workers.pop(pid, None)
+            if self.metrics_directory is not None:
+                forget_process(pid, self.metrics_directory)  # its live gauges (calls waiting) leave the sums
             if index is None or self.stopping:
                 continue
             print(f"toolkeeper: worker {index} (pid {pid}) ended with status "

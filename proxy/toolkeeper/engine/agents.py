@@ -67,8 +67,7 @@ class AgentCalls:
 
     def _unknown(self, call: ToolCall) -> Decision:
         """A kind of call toolkeeper does not know: never passed on, whatever the rules say, and said."""
-        self.handler.metrics.count("toolkeeper_unknown_calls_total", "Calls of a kind toolkeeper does not know, "
-                                   "denied.", kind=call.kind)
+        self.handler.metrics.count("toolkeeper_unknown_calls_total", kind=call.kind)
         log.warning("the model made a %s call, a kind toolkeeper does not know: denied", printable(call.kind))
         return Decision("deny", "toolkeeper", f"toolkeeper does not know this kind of call ({call.kind}), so it "
                                               "cannot be governed and was not passed on")

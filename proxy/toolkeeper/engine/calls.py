@@ -97,7 +97,6 @@ class CallHandler:
         self.forwarded_ttl = forwarded_ttl  # how long a forwarded call waits for its result to be recorded
         self.audit = audit
         self.metrics = metrics or Metrics()
-        self.waiting = 0  # calls waiting for a person's answer now
         self.redactor = audit.redactor if audit is not None else Redactor()
         # The steps in order; each answers, or returns None to go on. The run comes last.
         self.steps: tuple[Step, ...] = (self._detect_loop, self._check, self._replay, self._decide,
@@ -117,7 +116,7 @@ class CallHandler:
         return policy_input(tool, arguments, argv, agent_id=turn.agent, agent_header=turn.agent_header,
                             request_id=turn.request_id, yolo=self.policy.yolo,
                             interactive=self.consent_for(turn).can_ask if interactive is None else interactive,
-                            now=now, kind=kind, source=source, tier=tier)
+                            now=now, kind=kind, source=source, tier=tier, workdir=turn.workdir)
 
     def consent_for(self, turn: TurnContext) -> Consent:
         """Who is asked about this turn's calls: the door's own channel when it has one, else the configured."""
@@ -145,6 +144,8 @@ class CallHandler:
         record.answer = outcome.answer
         outcome.status = record.status
         await self.settle(record, outcome)
+        if context.turn.trace is not None:  # tracing on: the call's span, under its request's
+            context.turn.trace.tool(record)
         return outcome
 
     async def settle(self, record: ExecutionRecord, outcome: Outcome) -> None:
@@ -272,8 +273,7 @@ class CallHandler:
     # -- helpers ----------------------------------------------------------------------
 
     def audit_failed(self) -> None:
-        self.metrics.count("toolkeeper_audit_write_failures_total", "Audit events that could not be written (the "
-                           "call was then refused, or its outcome lost).")
+        self.metrics.count("toolkeeper_audit_write_failures_total")
 
     def _closed_early(self, record: ExecutionRecord, exc: BaseException) -> None:
         """A run that ended without a result (its agent left, or a bug) still gets its closing event."""
@@ -291,13 +291,12 @@ class CallHandler:
         request = ConsentRequest(state.record.tool, arguments, argv, turn.agent, args_hash=arguments_hash(state.values),
                                  reason=asking.reason, rule=asking.rule_id, source=asking.source,
                                  agent_header=turn.agent_header)
-        self.waiting += 1
+        self.metrics.add("toolkeeper_approvals_waiting", 1)
         try:
             answer = await self.consent_for(turn).ask(request)
         finally:
-            self.waiting -= 1
-            self.metrics.observe("toolkeeper_approval_wait_seconds", "How long a call waited for a person's answer "
-                                 "(from the ask to the answer).", time.monotonic() - started)
+            self.metrics.add("toolkeeper_approvals_waiting", -1)
+            self.metrics.observe("toolkeeper_approval_wait_seconds", time.monotonic() - started)
         log.info("consent for %s: %s by %s in %.1f s", state.record.tool, "yes" if answer.allowed else "no",
                  printable(answer.approver), time.monotonic() - started)
         state.record.consent = "always" if answer.always else "approved" if answer.allowed else "denied"

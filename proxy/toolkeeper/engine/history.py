@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections import Counter
 from typing import Any
 
 import orjson
 
+from toolkeeper.metrics import Metrics
 from toolkeeper.store import Store
 
 log = logging.getLogger("toolkeeper")
@@ -100,10 +100,12 @@ def loose_key(tenant: str, message: dict[str, Any]) -> str:
 
 
 class History:
-    def __init__(self, store: Store, ttl: float = DEFAULT_TTL):
+    def __init__(self, store: Store, ttl: float = DEFAULT_TTL, metrics: Metrics | None = None):
         self.store = store
         self.ttl = ttl
-        self.counts: Counter[str] = Counter()  # hit, miss
+        self.metrics = metrics or Metrics()
+        for outcome in ("hit", "miss"):
+            self.metrics.expect("toolkeeper_history_restorations_total", outcome=outcome)
 
     async def restore(self, tenant: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The history the model should see: every stored exchange put back in place."""
@@ -124,13 +126,13 @@ class History:
             candidates = found.get(loose.get(i, ""), []) if i in loose else []
             exchange = next((ex for key, ex in candidates if key == keys[i]), None) if candidates else None
             if candidates and exchange is None:
-                self.counts["miss"] += 1  # expired, or the history before it was edited
+                self.metrics.count("toolkeeper_history_restorations_total", outcome="miss")  # expired, or edited
                 log.info("history restoration missed at message %d: forwarded as it is", i)
             if exchange is None:
                 restored.append(message)
                 i += 1
                 continue
-            self.counts["hit"] += 1
+            self.metrics.count("toolkeeper_history_restorations_total", outcome="hit")
             j = i + 1
             while j < len(messages) and isinstance(messages[j], dict) and messages[j].get("role") == "tool":
                 j += 1

@@ -47,8 +47,7 @@ class HostedTools:
         record.decided_by(decision)
         record.answer = f"withheld from the request: {decision.reason}"
         await handler.settle(record, Outcome(record.answer))
-        self.handler.metrics.count("toolkeeper_hosted_tools_withheld_total", "Tools the model server runs, "
-                                   "withheld from a request by the rules.", kind=kind)
+        self.handler.metrics.count("toolkeeper_hosted_tools_withheld_total", kind=kind)
         return False
 
     async def observe(self, call: ToolCall, turn: TurnContext) -> None:

@@ -133,6 +133,8 @@ class Engine:
         self.agent = agent
         self.schemas = {name: tool_schema(tool.spec, style) for name, tool in agent.tools.items()}
         self.index = ToolIndex(agent.tools.values())
+        if self.metrics is not None:
+            self.metrics.declared(agent.tools)
 
     def active_tools(self, request: dict[str, Any]) -> dict[str, DeclaredTool]:
         """The declared tools of this request: none under tool_choice none; an agent's tool of the same name wins."""
@@ -247,13 +249,15 @@ class Engine:
     async def _round(self, events: AsyncIterator[Visible | Round], turn: _Turn) -> AsyncIterator[Visible | Round]:
         """One model round: its visible pieces as they come, then the Round, counted."""
         started = time.monotonic()
+        traced = turn.context.trace.round() if turn.context.trace is not None else None  # tracing on
         async for event in events:
             if isinstance(event, Round):
                 turn.counted(event)
+                if traced is not None:
+                    traced.answered(event.head, event.usage)
                 if self.metrics is not None:
-                    self.metrics.count("toolkeeper_model_rounds_total", "Model rounds: one upstream call each.")
-                    self.metrics.observe("toolkeeper_upstream_seconds", "One model round, request to last byte.",
-                                         time.monotonic() - started)
+                    self.metrics.count("toolkeeper_model_rounds_total")
+                    self.metrics.observe("toolkeeper_upstream_seconds", time.monotonic() - started)
             else:
                 for delta in event.deltas:
                     turn.see(delta)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
+
+if TYPE_CHECKING:
+    from toolkeeper.tracing import RequestTrace
 
 
 @dataclass
@@ -150,6 +153,8 @@ class TurnContext:
     api: str = "chat"  # which door the request came in by: chat | responses | messages | mcp | hook
     agent_revision: str = ""  # the agent file in force when the turn began (set by the engine)
     consent: Any = None  # a channel of the door's own (an MCP client's elicitation), asked instead of the configured
+    workdir: str | None = None  # the agent's working directory, when its door says (a hook's cwd): paths resolve in it
+    trace: RequestTrace | None = None  # the request's span, when tracing is on: its rounds' and calls' parent
 
 
 def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ of HTTP or of the tool loop.
 """
 
 from toolkeeper.policy.approvals import ApprovalsConsent, arguments_hash
+from toolkeeper.policy.conditions import commands_in
 from toolkeeper.policy.consent import (
     RULE_SOURCES,
     Consent,
@@ -18,12 +19,24 @@ from toolkeeper.policy.consent import (
     local_user,
 )
 from toolkeeper.policy.decision import Decision, Effect, most_restrictive
+from toolkeeper.policy.imports import (
+    IMPORT_AGENT_FILE,
+    IMPORT_FORMATS,
+    ImportResult,
+    PolicyImportError,
+    import_policy,
+    render_rules,
+    render_scenarios,
+)
 from toolkeeper.policy.opa import DEFAULT_PATH, OpaPolicy
 from toolkeeper.policy.policy import Policy, policy_input, tier_decision
+from toolkeeper.policy.replay import Report, current_effect, replay_calls, text_report
 from toolkeeper.policy.rules import Rules, RulesError, default_rules_path, load_rules, rules_in_force
 
 __all__ = [
     "DEFAULT_PATH",
+    "IMPORT_AGENT_FILE",
+    "IMPORT_FORMATS",
     "RULE_SOURCES",
     "ApprovalsConsent",
     "Consent",
@@ -31,19 +44,29 @@ __all__ = [
     "ConsentRequest",
     "Decision",
     "Effect",
+    "ImportResult",
     "NoConsent",
     "OpaPolicy",
     "Policy",
+    "PolicyImportError",
+    "Report",
     "Rules",
     "RulesError",
     "TerminalConsent",
     "arguments_hash",
+    "commands_in",
+    "current_effect",
     "default_rules_path",
     "has_terminal",
+    "import_policy",
     "load_rules",
     "local_user",
     "most_restrictive",
     "policy_input",
+    "render_rules",
+    "render_scenarios",
+    "replay_calls",
     "rules_in_force",
+    "text_report",
     "tier_decision",
 ]

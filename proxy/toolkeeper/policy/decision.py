@@ -21,6 +21,7 @@ class Decision:
     rule_id: str | None = None
     revision: str | None = None  # which rules decided: a hash of the rules file, or OPA's bundle revision
     decision_id: str | None = None  # OPA's, to find the decision in its own logs
+    shadow: tuple[dict[str, str], ...] = ()  # what the shadow rules that matched would have done: {rule, effect}
 
 
 def most_restrictive(*decisions: Decision) -> Decision:

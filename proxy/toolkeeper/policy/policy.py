@@ -16,6 +16,7 @@ A policy that cannot be evaluated decides deny (fail closed).
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -32,12 +33,13 @@ WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 def policy_input(tool: DeclaredTool | str, arguments: Any, argv: list[str] | None, *, agent_id: str = "",
                  agent_header: str | None = None, request_id: str = "", yolo: bool = False,
                  interactive: bool = False, now: datetime | None = None, kind: str = "function",
-                 source: str = "agent", tier: str | None = None) -> dict[str, Any]:
+                 source: str = "agent", tier: str | None = None, workdir: str | None = None) -> dict[str, Any]:
     """The one document every policy source reads. `tool`: a declared tool, or the name of one of the agent's
     own (`tool.source: agent`: its arguments as sent, no argv, no tier), of one the model server runs
     (`hosted`), or of an MCP server's served through toolkeeper (`mcp`, with its server's `tier`); `kind`: the
     call's type as the model sent it (`function`, or a built-in's item type: `shell_call`, `apply_patch_call`, ...,
-    or a hosted tool's: `web_search`, `web_search_20250305`, ...)."""
+    or a hosted tool's: `web_search`, `web_search_20250305`, ...); `workdir`: the agent's working directory when its
+    door says (a declared tool's is its own; a `local_shell` action names its own)."""
     now = now or datetime.now().astimezone()
     if isinstance(tool, str):
         described = {"name": tool, "source": source, "kind": kind, "tier": tier,
@@ -45,12 +47,17 @@ def policy_input(tool: DeclaredTool | str, arguments: Any, argv: list[str] | Non
     else:
         described = {"name": tool.name, "source": "declared", "kind": "function", "tier": tool.spec.tier,
                      "runner": tool.spec.runner, "visibility": tool.spec.visibility}
+        workdir = str(tool.workdir) if getattr(tool, "workdir", None) else workdir
+    action = arguments.get("action") if isinstance(arguments, dict) else None
+    if kind == "local_shell_call" and isinstance(action, dict) and isinstance(action.get("working_directory"), str):
+        workdir = action["working_directory"]
     return {
         "tool": described,
         "arguments": arguments,
         "argv": argv,
         "agent": {"id": agent_id, "header": agent_header},
         "mode": {"yolo": yolo, "interactive": interactive},
+        "workdir": workdir,
         "request": {"id": request_id, "time": now.isoformat(timespec="seconds"), "weekday": WEEKDAYS[now.weekday()],
                     "hour": now.hour},
     }
@@ -103,6 +110,7 @@ class Policy:
             sources = [self.rules.decide(document) if self.rules else None,
                        await self.opa.decide(document) if self.opa else None,
                        tier_decision(document)]
-            return most_restrictive(*(d for d in sources if d is not None))
+            decision = most_restrictive(*(d for d in sources if d is not None))
+            return dataclasses.replace(decision, shadow=self.rules.shadow(document)) if self.rules else decision
         except Exception as exc:  # fail closed
             return Decision("deny", "policy", f"the policy could not be evaluated ({exc!r})", None, self.revision)

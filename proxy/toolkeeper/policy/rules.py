@@ -22,80 +22,23 @@ Rules are validated once, at load; an error names the file, the rule and the key
 from __future__ import annotations
 
 import fnmatch
+import logging
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from toolkeeper.common import Strict, load_yaml_model, regex, sha256_hex, shipped_file
+from toolkeeper.common import Strict, load_yaml_model, sha256_hex, shipped_file
+from toolkeeper.policy.conditions import ArgvTest, Scope, ValueTest
 from toolkeeper.policy.decision import Decision, most_restrictive
 from toolkeeper.tools import Agent
+
+log = logging.getLogger("toolkeeper")
 
 
 class RulesError(Exception):
     """The rules file cannot be used; the message names the file, the rule and the key."""
-
-
-class ValueTest(Strict):
-    """Tests on one value; all given must hold."""
-
-    equals: Any = None
-    not_equals: Any = None
-    one_of: tuple[Any, ...] | None = Field(default=None, alias="in")
-    matches: str | None = None  # searched, as in JSON Schema: anchor with ^...$
-    above: float | None = None
-    below: float | None = None
-    present: bool | None = None
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    @field_validator("matches")
-    @classmethod
-    def _pattern(cls, value: str | None) -> str | None:
-        return regex(value)
-
-    def holds(self, value: Any, present: bool, *, restricts: bool = False) -> bool:
-        if self.present is not None and self.present != present:
-            return False
-        if not present:
-            return self.present is False
-        fields = self.model_fields_set
-        if "equals" in fields and value != self.equals:
-            return False
-        if "not_equals" in fields and value == self.not_equals:
-            return False
-        if self.one_of is not None and value not in self.one_of:
-            return False
-        if self.matches is not None and not self._found(value, restricts):
-            return False
-        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if self.above is not None and not (numeric and value > self.above):
-            return False
-        return not (self.below is not None and not (numeric and value < self.below))
-
-    def _found(self, value: Any, restricts: bool) -> bool:
-        """The pattern in a string; in a list of strings (a built-in call's commands, an argv), in any entry for a
-        rule that restricts (deny, ask) and in every entry for an allow: no entry can slip past a deny."""
-        if isinstance(value, list) and value:
-            found = (isinstance(entry, str) and re.search(self.matches or "", entry) for entry in value)
-            return any(found) if restricts else all(found)
-        return isinstance(value, str) and re.search(self.matches or "", value) is not None
-
-
-class ArgvTest(Strict):
-    matches: str | None = None  # some argv entry matches (searched)
-    contains: str | None = None  # some argv entry equals this
-
-    @field_validator("matches")
-    @classmethod
-    def _pattern(cls, value: str | None) -> str | None:
-        return regex(value)
-
-    def holds(self, argv: list[str]) -> bool:
-        if self.matches is not None and not any(re.search(self.matches, entry) for entry in argv):
-            return False
-        return self.contains is None or self.contains in argv
 
 
 class AgentTest(Strict):
@@ -151,10 +94,10 @@ class When(Strict):
     agent: AgentTest | None = None
     time: TimeTest | None = None
 
-    def holds(self, document: dict[str, Any], *, restricts: bool = False) -> bool:
+    def holds(self, document: dict[str, Any], *, restricts: bool = False, notes: list[str] | None = None) -> bool:
         """Every condition holds. Arguments that are not an object (an agent's call whose arguments are not
         JSON) cannot be tested: a rule that `restricts` (deny, ask) then counts as matching, so a malformed call
-        cannot slip past it."""
+        cannot slip past it. `notes`: why a condition matched without knowing (a command it could not parse)."""
         tool = document["tool"]
         globs = _globs(self.tool)
         if globs is not None and not any(fnmatch.fnmatchcase(tool["name"], glob) for glob in globs):
@@ -168,21 +111,27 @@ class When(Strict):
             return False
         if self.tier is not None and tool["tier"] != self.tier:
             return False
-        if self.argv is not None and not self.argv.holds(document.get("argv") or []):
+        scope = Scope(document.get("workdir"), tool.get("kind", "function"))
+        if self.argv is not None and not self.argv.holds(document.get("argv") or [], restricts=restricts,
+                                                         scope=scope):
             return False
         if self.arguments:
             arguments = document.get("arguments")
             readable = arguments is None or isinstance(arguments, dict)
-            if not (self._arguments_hold(arguments or {}, restricts) if readable else restricts):
+            if not (self._arguments_hold(arguments or {}, restricts, scope) if readable else restricts):
                 return False
         if self.agent is not None and not self.agent.holds(document.get("agent") or {}):
             return False
-        return self.time is None or self.time.holds(document.get("request") or {})
+        if self.time is not None and not self.time.holds(document.get("request") or {}):
+            return False
+        if notes is not None:
+            notes.extend(scope.notes)
+        return True
 
-    def _arguments_hold(self, arguments: dict[str, Any], restricts: bool) -> bool:
+    def _arguments_hold(self, arguments: dict[str, Any], restricts: bool, scope: Scope) -> bool:
         for name, test in self.arguments.items():
             present, value = _dotted(arguments, name)
-            if not test.holds(value, present, restricts=restricts):
+            if not test.holds(value, present, restricts=restricts, scope=scope):
                 return False
         return True
 
@@ -211,6 +160,7 @@ class Rule(Strict):
     effect: Literal["allow", "deny", "ask"]
     reason: str = ""
     when: When = Field(default_factory=When)
+    mode: Literal["enforce", "shadow"] = "enforce"  # shadow: evaluated and recorded, never deciding
 
     @model_validator(mode="after")
     def _deny_says_why(self) -> Rule:
@@ -274,27 +224,58 @@ class Rules:
                                   "enum never takes: it can never match"))
         return found
 
-    def matching(self, document: dict[str, Any]) -> list[Rule]:
-        return [rule for rule in self.rules if rule.when.holds(document, restricts=rule.effect != "allow")]
+    def matching(self, document: dict[str, Any], notes: dict[str, list[str]] | None = None,
+                 *, shadow: bool = False) -> list[Rule]:
+        """The rules in force (or, with `shadow`, the shadow rules) that match; `notes`: per rule, why it matched
+        without knowing (a command it could not resolve)."""
+        found = []
+        for rule in self.rules:
+            if (rule.mode == "shadow") != shadow:
+                continue
+            said: list[str] = []
+            if rule.when.holds(document, restricts=rule.effect != "allow", notes=said):
+                found.append(rule)
+                if notes is not None:
+                    notes[rule.id] = said
+        return found
 
     def outright(self, document: dict[str, Any]) -> Decision | None:
         """The deny of a rule that matches this tool without testing its arguments or argv; None when none does."""
         for rule in self.rules:
-            if rule.effect == "deny" and not rule.when.arguments and rule.when.argv is None \
-                    and rule.when.holds(document, restricts=True):
+            if rule.effect == "deny" and rule.mode == "enforce" and not rule.when.arguments \
+                    and rule.when.argv is None and rule.when.holds(document, restricts=True):
                 return Decision("deny", "rules", rule.reason, rule.id, self.revision)
         return None
 
     def decide(self, document: dict[str, Any]) -> Decision | None:
-        """The most restrictive matching rule's decision; None when no rule matches."""
+        """The most restrictive matching rule's decision; None when no rule in force matches."""
         try:
-            matched = self.matching(document)
+            notes: dict[str, list[str]] = {}
+            matched = self.matching(document, notes)
         except Exception as exc:  # a rule that cannot be evaluated decides nothing but a deny
             return Decision("deny", "rules", f"the policy could not be evaluated ({exc})", None, self.revision)
         if not matched:
             return None
-        decisions = [Decision(r.effect, "rules", r.reason or f"rule {r.id}", r.id, self.revision) for r in matched]
+        # among rules of one effect, one that matched outright says why before one that matched for want of knowing
+        matched.sort(key=lambda rule: bool(notes.get(rule.id)))
+        decisions = [Decision(r.effect, "rules", _reason(r, notes.get(r.id)), r.id, self.revision) for r in matched]
         return most_restrictive(*decisions)
+
+    def shadow(self, document: dict[str, Any]) -> tuple[dict[str, str], ...]:
+        """What each shadow rule that matches would have done: [{rule, effect}]. They never decide, so one that
+        cannot be evaluated is left out (and said in the log)."""
+        if not any(rule.mode == "shadow" for rule in self.rules):
+            return ()
+        try:
+            return tuple({"rule": rule.id, "effect": rule.effect} for rule in self.matching(document, shadow=True))
+        except Exception:
+            log.exception("a shadow rule could not be evaluated")
+            return ()
+
+
+def _reason(rule: Rule, notes: list[str] | None) -> str:
+    reason = rule.reason or f"rule {rule.id}"
+    return f"{reason} ({'; '.join(dict.fromkeys(notes))})" if notes else reason
 
 
 def default_rules_path() -> Path:

@@ -28,7 +28,6 @@ from toolkeeper.wire.hooks import (
 )
 from toolkeeper.wire.intercept import ADDON, ENDPOINTS, HOST_NAME
 from toolkeeper.wire.mcp import build_server, serve_stdio
-from toolkeeper.wire.otlp import OtlpExporter
 from toolkeeper.wire.server import Check, Doors, proxy_app
 from toolkeeper.wire.upstream import Upstream
 
@@ -46,7 +45,6 @@ __all__ = [
     "Doors",
     "HookEvent",
     "HookFormatError",
-    "OtlpExporter",
     "Upstream",
     "UpstreamError",
     "admin_app",

@@ -34,6 +34,8 @@ UNGOVERNED = (
 )
 # Model endpoints toolkeeper does not speak, whose model calls no tool: passed, counted.
 UNSPOKEN = (("responses_compact", re.compile(r"responses/compact")), ("completions", re.compile(r"completions")))
+# Every name an ungoverned endpoint is counted by: the table's, a WebSocket, a legacy completion offering tools.
+UNGOVERNED_NAMES = (*(name for name, _, _ in UNGOVERNED), "websocket", "completions_with_tools")
 LEGACY_TOOLS = ("tools", "functions", "tool_choice", "function_call")  # a legacy completion that may call tools
 
 
@@ -63,6 +65,11 @@ class Endpoints:
         self.passed = tuple(normalised(path) for path in passed)  # --pass-ungoverned
         self.metrics = metrics
         self._said: set[str] = set()
+        for name in UNGOVERNED_NAMES:  # every endpoint's series, from the start
+            metrics.expect("toolkeeper_ungoverned_refused_total", endpoint=name)
+            metrics.expect("toolkeeper_ungoverned_passed_total", endpoint=name)
+        for name, _ in UNSPOKEN:
+            metrics.expect("toolkeeper_unspoken_requests_total", endpoint=name)
 
     def verdict(self, request: web.Request, body: dict | None = None) -> Verdict:
         path = normalised(request.path)
@@ -73,20 +80,16 @@ class Endpoints:
         if name:
             if self._passes(path):
                 self._note(name, f"{request.method} {path} passes ungoverned (--pass-ungoverned): no rule, consent "
-                                 "or record applies to the tool calls it makes", "toolkeeper_ungoverned_passed_total",
-                           "Requests to a tool-capable endpoint toolkeeper does not govern, passed by "
-                           "--pass-ungoverned.")
+                                 "or record applies to the tool calls it makes", "toolkeeper_ungoverned_passed_total")
                 return Verdict(name)
-            self.metrics.count("toolkeeper_ungoverned_refused_total", "Requests to a tool-capable endpoint "
-                               "toolkeeper does not govern, refused.", endpoint=name)
+            self.metrics.count("toolkeeper_ungoverned_refused_total", endpoint=name)
             return Verdict(name, f"toolkeeper does not govern {request.method} {path} ({name.replace('_', ' ')}): "
                                  "the tool calls made there would escape its rules, consent and audit, so it is "
                                  f"refused. An operator may let it through with --pass-ungoverned {path}")
         unspoken = next((name for name, pattern in UNSPOKEN if pattern.fullmatch(under_v1(path))), None)
         if unspoken and request.method == "POST":
             self._note(unspoken, f"{path} is passed through untouched: toolkeeper does not speak this API, so its "
-                                 "model gets no declared tools", "toolkeeper_unspoken_requests_total",
-                       "Model requests passed through to an endpoint toolkeeper does not speak (no declared tools).")
+                                 "model gets no declared tools", "toolkeeper_unspoken_requests_total")
         return Verdict(unspoken or "")
 
     def _ungoverned(self, request: web.Request, path: str, body: dict | None) -> str:
@@ -102,8 +105,8 @@ class Endpoints:
     def _passes(self, path: str) -> bool:
         return any(path == passed or path.startswith(passed + "/") for passed in self.passed)
 
-    def _note(self, name: str, message: str, metric: str, help_text: str) -> None:
-        self.metrics.count(metric, help_text, endpoint=name)
+    def _note(self, name: str, message: str, metric: str) -> None:
+        self.metrics.count(metric, endpoint=name)
         if name not in self._said:
             self._said.add(name)
             log.warning("%s", message)

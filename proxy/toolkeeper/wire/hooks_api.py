@@ -43,7 +43,7 @@ class HooksEndpoint:
             event = read_event(kind, body.get("event"))
         except (orjson.JSONDecodeError, HookFormatError) as exc:
             return _refusal(400, f"not a hook event toolkeeper can read: {printable(str(exc))}")
-        turn = TurnContext(request_id=secrets.token_hex(8), agent=agent, api="hook",
+        turn = TurnContext(request_id=secrets.token_hex(8), agent=agent, api="hook", workdir=event.cwd,
                            tenant=digest(agent, kind, event.session))
         if event.phase == "post":
             recorded = await self.calls.after(turn, event.call_id, event.result, event.error)

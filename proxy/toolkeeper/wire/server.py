@@ -24,6 +24,7 @@ from toolkeeper.engine import Engine, HookCalls
 from toolkeeper.metrics import Metrics
 from toolkeeper.settings import Settings
 from toolkeeper.store import Store, StoreError
+from toolkeeper.tracing import Tracing
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
 from toolkeeper.wire.apis import ChatCompletions, MessagesAPI, ResponsesAPI, count_tokens_body, credentials_hash
 from toolkeeper.wire.endpoints import Endpoints, normalised, under_v1
@@ -73,7 +74,7 @@ Check = Callable[[], Awaitable[object]]
 
 def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key: str | None, metrics: Metrics,
               admin: web.Application, checks: dict[str, Check], agent_keys: dict[str, str],
-              store: Store, doors: Doors | None = None) -> web.Application:
+              store: Store, doors: Doors | None = None, tracing: Tracing | None = None) -> web.Application:
     origins = OriginGuard(settings.allow_origin)
     endpoints = Endpoints(settings.pass_ungoverned, metrics)
 
@@ -97,7 +98,7 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
             upstream = Upstream(upstream_url, session, api_key=api_key, read_timeout=settings.read_timeout)
             app[UPSTREAM_KEY] = upstream
             adapter = {"keepalive": settings.keepalive, "identity_header": settings.identity_header,
-                       "metrics": metrics}
+                       "metrics": metrics, "tracing": tracing}
             app[CHAT_KEY] = ChatCompletions(engine, upstream, **adapter)
             app[RESPONSES_KEY] = ResponsesAPI(engine, upstream, store=store, **adapter)
             app[MESSAGES_KEY] = MessagesAPI(engine, upstream, **adapter)
@@ -178,7 +179,7 @@ class Probes:
         return web.json_response({"status": "ok"})  # healthy or not, to anyone: what it serves is the admin API's
 
     async def metrics_page(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Ready when every component answered its last check, made in the background (a database that hangs

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 from aiohttp import web
 
+from toolkeeper.tracing import with_trace
 from toolkeeper.wire.errors import UpstreamError
 
 # A model's answer is text and a few calls: past these sizes the server is broken or hostile.
@@ -78,6 +79,7 @@ class Upstream:
                    query: str = "") -> AsyncIterator[aiohttp.ClientResponse]:
         """One model request (the agent's query kept: Azure's api-version); its answer once the status is 200."""
         url = self.url(path) + (f"?{query}" if query else "")
+        headers = with_trace(headers)  # tracing on: the model round's traceparent, so the server's spans join
         async with self.session.post(url, data=payload, headers=headers, timeout=self.timeout) as response:
             if response.status != 200:
                 raise UpstreamError(response.status, await response.read(),

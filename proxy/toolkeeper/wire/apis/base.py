@@ -25,6 +25,7 @@ from toolkeeper.common import dumps
 from toolkeeper.engine import Engine, Event, TurnContext, TurnResult, Visible, Working
 from toolkeeper.metrics import Metrics
 from toolkeeper.store import StoreError
+from toolkeeper.tracing import RequestTrace, Tracing
 from toolkeeper.wire.errors import OPENAI, ErrorShape, UpstreamError, store_unavailable
 from toolkeeper.wire.guard import AGENT_NAME, is_json
 from toolkeeper.wire.upstream import Upstream
@@ -38,6 +39,7 @@ Keep = Callable[[TurnResult, dict[str, Any]], Awaitable[None]]
 # The model server's failure that ended this request's turn (its status, or ours: 502 unreachable, 504 timeout),
 # for the metrics; one per request, as each request is its own task.
 UPSTREAM_FAILURE: ContextVar[int | None] = ContextVar("upstream_failure", default=None)
+TRACE = web.RequestKey("trace", RequestTrace)  # the request's span, when tracing is on
 
 
 # A request field the engine reads: its name, the JSON types it may have (null always may), and the 400's words.
@@ -86,24 +88,37 @@ class AgentAPI:
         raise NotImplementedError
 
     def __init__(self, engine: Engine, upstream: Upstream, *, keepalive: float = 5.0,
-                 identity_header: str | None = None, metrics: Metrics | None = None):
+                 identity_header: str | None = None, metrics: Metrics | None = None, tracing: Tracing | None = None):
         self.engine = engine
         self.upstream = upstream
         self.keepalive = keepalive
         self.identity_header = identity_header  # set by the deployment, read by policies
         self.metrics = metrics
+        self.tracing = tracing  # None: tracing off
+        if metrics is not None:  # the series there from the start
+            for stream in ("false", "true"):
+                metrics.expect("toolkeeper_requests_total", api=self.api, code="200", stream=stream)
+            for status in ("502", "504"):  # toolkeeper's own: unreachable or malformed, no answer in time
+                metrics.expect("toolkeeper_upstream_errors_total", api=self.api, status=status)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        if self.tracing is None:
+            return await self._counted(request)
+        route = request.match_info.route.resource
+        path = route.canonical if route is not None else request.path
+        with self.tracing.request(f"{request.method} {path}", request.headers, path) as trace:
+            request[TRACE] = trace  # the turn's (self.context)
+            return trace.answered(await self._counted(request))
+
+    async def _counted(self, request: web.Request) -> web.StreamResponse:
+        """The answer, counted in the metrics."""
         response = await self._handle(request)
         if self.metrics is not None:
-            self.metrics.count("toolkeeper_requests_total", "Agent requests answered, by API, streaming and status.",
-                               api=self.api, stream=str(response.content_type == "text/event-stream").lower(),
-                               code=str(response.status))
+            self.metrics.count("toolkeeper_requests_total", api=self.api, code=str(response.status),
+                               stream=str(response.content_type == "text/event-stream").lower())
             failure = UPSTREAM_FAILURE.get()
             if failure is not None:
-                self.metrics.count("toolkeeper_upstream_errors_total", "Turns ended by the model server's failure, "
-                                   "by status (502: unreachable or malformed, 504: no answer in time).",
-                                   api=self.api, status=str(failure))
+                self.metrics.count("toolkeeper_upstream_errors_total", api=self.api, status=str(failure))
         return response
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -171,6 +186,7 @@ class AgentAPI:
             request_key=hashlib.sha256(tenant.encode() + b"\x00" + raw).hexdigest(),
             agent_header=request.headers.get(self.identity_header) if self.identity_header else None,
             api=self.api,
+            trace=request.get(TRACE),
         )
 
 

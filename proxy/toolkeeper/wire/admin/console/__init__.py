@@ -4,7 +4,7 @@
     GET  /toolkeeper/sign-in         sign in with a token; POST opens a browser session (../sessions.py)
     POST /toolkeeper/sign-out
     /toolkeeper/queue...             approvers: queue.py
-    /toolkeeper/audit...             auditors: trail.py and charts.py
+    /toolkeeper/audit...             auditors: trail.py, charts.py and replay.py
 
 Server-rendered HTML with one small script of toolkeeper's own (the live
 queue and its clocks), no front-end build and nothing from a CDN. The admin
@@ -24,6 +24,7 @@ from toolkeeper.store import Store
 from toolkeeper.wire.admin.console.charts import ChartsPage
 from toolkeeper.wire.admin.console.layout import SECURITY_HEADERS, link, page, show
 from toolkeeper.wire.admin.console.queue import QueuePage
+from toolkeeper.wire.admin.console.replay import ReplayPage
 from toolkeeper.wire.admin.console.trail import TrailPages
 from toolkeeper.wire.admin.guard import PREFIX, AdminGuard, same_origin, served_over_https
 from toolkeeper.wire.admin.sessions import SESSION_COOKIE, SESSION_SECONDS
@@ -38,7 +39,8 @@ class Console:
     def __init__(self, audit: SQLAudit, store: Store, guard: AdminGuard):
         self.guard = guard
         self.closing = asyncio.Event()
-        self.parts = [ChartsPage(audit), TrailPages(audit)]  # the charts' path before the trail's /audit/{id}
+        # the charts' and the replay's paths before the trail's /audit/{id}
+        self.parts = [ChartsPage(audit), ReplayPage(audit), TrailPages(audit)]
         if guard.sessions is not None:
             self.parts.append(QueuePage(store, guard.identity, self.closing))
 

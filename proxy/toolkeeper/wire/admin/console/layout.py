@@ -104,7 +104,7 @@ def page(request: web.Request, title: str, body: str, status: int = 200) -> web.
     if who is not None:
         role = who[1]
         places = [("/queue", "Approvals", {"approver", "admin"}), ("/audit", "Trail", {"auditor", "admin"}),
-                  ("/audit/charts", "Charts", {"auditor", "admin"})]
+                  ("/audit/charts", "Charts", {"auditor", "admin"}), ("/audit/replay", "Replay", {"auditor", "admin"})]
         nav = "".join(f"<a href='{link(path)}'>{name}</a>" for path, name, roles in places if role in roles)
         nav += (f"<span class=who>{show(who[0])} <small>({show(role)})</small></span>"
                 f"<form method=post action='{link('/sign-out')}'>{csrf_field(request)}"

@@ -24,6 +24,7 @@ from aiohttp import web
 from toolkeeper.audit import SOURCES, STATUSES, AuditEntry, SQLAudit
 from toolkeeper.wire.admin.console.layout import csrf_field, field, link, options, page, show, when
 
+SHADOW = ("deny", "ask", "allow")  # what a shadow rule would have done: the trail filters on it
 PRESETS = {"1h": 3600, "24h": 86400, "7d": 604800, "30d": 2592000}
 CHOICES = ("tool", "decision_source", "rule", "approver", "header")  # filters offered as a list of what is there
 TEXTS = ("agent", "search", "request_id")
@@ -32,7 +33,7 @@ CHOICES_FOR = 10.0
 MAX_CHOICES = 500  # a list longer than this is no help: type in the search instead
 
 
-def _time(text: str) -> float | None:
+def typed_time(text: str) -> float | None:
     """A time a person typed (2026-12-01T09:00, with or without a zone; none means the server's)."""
     try:
         moment = datetime.fromisoformat(text)
@@ -50,7 +51,7 @@ def filters_of(query: Any) -> tuple[dict[str, Any], list[str]]:
     export of a mistyped filter would be the whole trail)."""
     chosen: dict[str, Any] = {name: query.get(name) or None for name in (*CHOICES, *TEXTS)}
     problems = []
-    for name, allowed in (("status", STATUSES), ("source", SOURCES), ("last", tuple(PRESETS))):
+    for name, allowed in (("status", STATUSES), ("source", SOURCES), ("shadow", SHADOW), ("last", tuple(PRESETS))):
         given = query.get(name) or None
         if given is not None and given not in allowed:
             problems.append(f"{name}={given[:40]!r} is none of {', '.join(allowed)}")
@@ -58,7 +59,7 @@ def filters_of(query: Any) -> tuple[dict[str, Any], list[str]]:
     preset = PRESETS.get(chosen.pop("last") or "")
     for name in ("since", "until"):
         given = query.get(name) or ""
-        chosen[name] = _time(given) if given else None
+        chosen[name] = typed_time(given) if given else None
         if given and chosen[name] is None:
             problems.append(f"{name}={given[:40]!r} is not a time (2026-12-01T09:00, with or without its zone)")
     if preset:
@@ -76,10 +77,12 @@ def _header_of(record: AuditEntry) -> str:
 
 def _row(record: AuditEntry) -> str:
     agent_tool = " <small>agent</small>" if record.source == "agent" else ""
+    shadow = "".join(f" <small class=shadow>shadow {show(s.get('rule'))}: {show(s.get('effect'))}</small>"
+                     for s in record.shadow)
     return (f"<tr class=record><td><a href='{link('/audit/' + record.record_id)}'>{show(when(record.time))}</a></td>"
             f"<td class='{show(record.status)} status'>{show(record.status)}</td>"
             f"<td class=tool>{show(record.tool)}{agent_tool}</td><td>{record.duration_ms:.1f} ms</td>"
-            f"<td>{show(record.decision)} <small>{show(_decided_by(record))}</small></td>"
+            f"<td>{show(record.decision)} <small>{show(_decided_by(record))}</small>{shadow}</td>"
             f"<td class=approver>{show(record.approver or '')}</td><td class=header>{show(_header_of(record))}</td>"
             f"<td><code>{show(record.agent)}</code></td></tr>")
 
@@ -107,7 +110,7 @@ class TrailPages:
                 f"<label>last<select name=last>{options(PRESETS, query.get('last'), 'any time')}</select></label>"
                 f"{text('since', 'from', 16, 'datetime-local')}{text('until', 'to', 16, 'datetime-local')}"
                 f"{pick('tool', 'tool', choices['tool'])}{pick('status', 'status', STATUSES)}"
-                f"{pick('source', 'source', SOURCES)}"
+                f"{pick('source', 'source', SOURCES)}{pick('shadow', 'a shadow rule would', SHADOW)}"
                 f"{pick('decision_source', 'decided by', choices['decision_source'])}"
                 f"{pick('rule', 'rule', choices['rule'])}{pick('approver', 'approver', choices['approver'])}"
                 f"{pick('header', 'identity header', choices['header'])}{text('agent', 'agent')}"
@@ -192,6 +195,7 @@ class TrailPages:
             field("argv", record.argv),
             field("decision", f"{record.decision} by {_decided_by(record)}" if record.decision else ""),
             field("reason", record.decision_reason), field("policy revision", record.policy_revision),
+            field("shadow rules", "; ".join(f"{s.get('rule')} would {s.get('effect')}" for s in record.shadow)),
             field("approver", record.approver),
             field("waited for the answer", f"{record.waited_ms / 1000:.1f} s" if record.waited_ms else ""),
             field("exit status", record.exit_code), field("trap", record.trap),

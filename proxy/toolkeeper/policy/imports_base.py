@@ -1,0 +1,172 @@
+"""What the three importers share: the rules they make, the warnings, the ids, and the scenarios.
+
+Each importer turns one entry of the other agent's config into toolkeeper rules
+(`Imported`), each with the source agent's own reading of a call (`matches`, its
+semantics, not toolkeeper's) and example calls. The scenarios expect, for each
+example, what the source entries that match it decide, combined as toolkeeper
+combines (the most restrictive wins; no rule: allowed, as an agent's own tool
+is); so `toolkeeper policy test` checks the translation against the original.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Call = dict[str, Any]  # {tool, arguments, source: agent, kind?}: a scenario's call
+RANK = {"allow": 0, "ask": 1, "deny": 2}
+# where a simple command starts and ends in a command line (after ;, &&, ||, |, a subshell's parenthesis, `)
+COMMAND_START = r"(?:^|[;&|(`\n]\s*)"
+COMMAND_END = r"(?:\s*$|\s*[;&|)`\n])"
+NO_OPERATOR = r"[^;&|`$()<>\n]*"  # a wildcard an allow may not stretch across another command
+
+
+class PolicyImportError(Exception):
+    """The input cannot be read or is not valid in its own format; the message names the file and line."""
+
+
+@dataclass
+class Imported:
+    rule: dict[str, Any]
+    matches: Callable[[Call], bool]  # the source agent's reading: does its entry apply to this call
+    examples: list[tuple[Call, bool]] = field(default_factory=list)  # (call, whether the entry matches it)
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    rules: list[dict[str, Any]]
+    scenarios: list[dict[str, Any]]  # each also lists in `shadow` every rule that matches it
+    warnings: list[str]  # "<file>:<line> <entry>: <why>"
+
+
+class Translation:
+    """One import under way: the rules made so far, their ids, and what could not be said exactly."""
+
+    def __init__(self, source: Path, prefix: str):
+        self.source = source
+        self.prefix = prefix
+        self.imported: list[Imported] = []
+        self.warnings: list[str] = []
+        self._ids: set[str] = set()
+
+    def rule_id(self, *parts: str) -> str:
+        """`claude-deny-bash-rm`: readable, stable for the same input, unique in the file."""
+        words = [slug(part) for part in (self.prefix, *parts)]
+        base = "-".join(word for word in words if word)
+        candidate, number = base, 2
+        while candidate in self._ids:
+            candidate, number = f"{base}-{number}", number + 1
+        self._ids.add(candidate)
+        return candidate
+
+    def warn(self, where: str, why: str) -> None:
+        self.warnings.append(f"{where}: {why}")
+
+    def where(self, line: int | None, entry: str) -> str:
+        return f"{self.source.name}:{line} {entry}" if line else f"{self.source.name} {entry}"
+
+    def add(self, rule: dict[str, Any], matches: Callable[[Call], bool],
+            examples: list[tuple[Call, bool]] | None = None) -> None:
+        self.imported.append(Imported(rule, matches, examples or []))
+
+    def result(self) -> ImportResult:
+        return ImportResult([item.rule for item in self.imported], scenarios(self.imported), self.warnings)
+
+
+def slug(text: str, limit: int = 40) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:limit].strip("-")
+
+
+def make_rule(rule_id: str, effect: str, reason: str, tool: str | list[str] | None,
+              arguments: dict[str, Any] | None = None, *, source: str | None = "agent") -> dict[str, Any]:
+    when: dict[str, Any] = {}
+    if source:
+        when["source"] = source
+    if tool is not None:
+        when["tool"] = tool[0] if isinstance(tool, list) and len(tool) == 1 else tool
+    if arguments:
+        when["arguments"] = arguments
+    return {"id": rule_id, "effect": effect, "reason": reason, "when": when}
+
+
+def agent_call(tool: str, arguments: dict[str, Any], kind: str | None = None) -> Call:
+    call: Call = {"tool": tool, "source": "agent", "arguments": arguments}
+    if kind:
+        call["kind"] = kind
+    return call
+
+
+def shell_words(text: str) -> list[str] | None:
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return None
+
+
+def simple_commands(command: str) -> list[str]:
+    """A command line cut at ;, &&, ||, | and newlines: how the source agents read a compound command, for the
+    examples (which are plain commands; a full shell parse is toolkeeper's own, in `runs:`)."""
+    return [part.strip() for part in re.split(r"&&|\|\||[;|\n]", command) if part.strip()]
+
+
+def each_command(command: Any, effect: str, test: Callable[[str], bool]) -> bool:
+    """The source agents' reading of a compound command: a deny or ask applies when one of its commands matches,
+    an allow only when all do."""
+    if not isinstance(command, str):
+        return False
+    parts = simple_commands(command)
+    if not parts:
+        return False
+    return all(map(test, parts)) if effect == "allow" else any(map(test, parts))
+
+
+def command_regex(pattern: str, effect: str) -> str:
+    """A command with `*` wildcards as a regular expression on the command line: for an allow, the whole line
+    is that one command; for a deny or ask, it is one of the line's commands."""
+    wildcard = NO_OPERATOR if effect == "allow" else ".*"
+    body = wildcard.join(_literal(part) for part in pattern.split("*"))
+    return rf"^\s*{body}\s*$" if effect == "allow" else f"{COMMAND_START}{body}{COMMAND_END}"
+
+
+def _literal(text: str) -> str:
+    return "".join(r"\s+" if part.isspace() else re.escape(part) for part in re.split(r"(\s+)", text) if part)
+
+
+def prefixes_test(prefixes: list[list[str]]) -> dict[str, Any]:
+    """`runs: {prefix: ...}`: one prefix as a list of words, several as a list of them."""
+    return {"runs": {"prefix": prefixes[0] if len(prefixes) == 1 else prefixes}}
+
+
+def scenarios(imported: list[Imported]) -> list[dict[str, Any]]:
+    """One scenario per example: the decision the source's matching entries make, combined as toolkeeper combines,
+    and the rule that decides (the first in the file of the most restrictive)."""
+    found = []
+    for item in imported:
+        for number, (call, matched) in enumerate(item.examples, start=1):
+            deciding = [other for other in imported if other.matches(call)]
+            if matched != (item in deciding):
+                continue  # the example does not show this entry as its source reads it: not a test of it
+            effect = max((other.rule["effect"] for other in deciding), key=RANK.__getitem__, default="allow")
+            scenario: dict[str, Any] = {"name": f"{item.rule['id']} #{number}: {describe(call)}"
+                                        + ("" if matched else " (not matched)"), "call": call, "expect": effect}
+            first = next((other for other in deciding if other.rule["effect"] == effect), None)
+            if first is not None:
+                scenario["rule"] = first.rule["id"]
+            scenario["shadow"] = [other.rule["id"] for other in deciding]  # every rule that matches (--shadow)
+            found.append(scenario)
+    return found
+
+
+def describe(call: Call) -> str:
+    """`Bash git push`, `local_shell git status`: the tool and its arguments' values, flattened."""
+
+    def words(value: Any) -> list[str]:
+        if isinstance(value, dict):
+            return [word for item in value.values() for word in words(item)]
+        return [word for item in value for word in words(item)] if isinstance(value, list) else [str(value)]
+
+    return " ".join([call["tool"], *words(call.get("arguments") or {})])[:100]

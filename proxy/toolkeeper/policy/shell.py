@@ -1,0 +1,346 @@
+"""A shell command string read as bash would: the simple commands in it, each as the words it would run.
+
+The grammar is tree-sitter-bash's (the one Codex CLI reads `bash -lc` with).
+Every `command` node anywhere in the tree is a simple command toolkeeper
+reports: after `&&`, `||`, `;`, `&`, in pipes, `( )`, `{ }`, `if`/`while`/
+`for`/`case` bodies, function bodies, `$(...)`, backticks, `<(...)`, and in
+the values of assignments and `export`. A word is taken as bash would make
+it: quotes and backslashes removed, `$'...'` decoded, braces expanded
+(`{rm,-rf,/}` is three words); a word that comes from a variable, a
+substitution or arithmetic cannot be known and is None. What the parser
+cannot read (an ERROR node, a missing token) is a problem: the caller fails
+closed. Wrappers (`sudo`, `bash -c`, `xargs`...) are unwrapped in commands.py.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+
+import tree_sitter_bash
+from tree_sitter import Language, Node, Parser
+
+_BASH = Language(tree_sitter_bash.language())
+_PARSERS = threading.local()  # a parser is not for two threads at once (the console replays in a thread)
+
+# Redirections that write to their target (`2>&1` is a duplication, not a file, when its target is a number).
+WRITING = {">", ">>", ">|", "&>", "&>>", "<>", ">&"}
+_EXPANSIONS = {"simple_expansion", "expansion", "command_substitution", "process_substitution",
+               "arithmetic_expansion"}
+_HOME = ("$HOME", "${HOME}")
+# Builtins that evaluate some arguments as arithmetic (or run a callback): `[[` and `declare` are nodes of their own.
+ARITHMETIC = frozenset({"let", "test", "[", "read", "mapfile", "readarray", "printf", "export", "local",
+                        "declare", "typeset", "readonly", "unset", "shift", "return", "exit"})
+
+
+@dataclass(frozen=True)
+class SimpleCommand:
+    words: tuple[str | None, ...]  # None: a word known only at run time (a variable, a substitution)
+    writes: tuple[str | None, ...] = ()  # where its output is redirected to (None: a target known at run time)
+    stdin: str | None = None  # the script text a heredoc or herestring feeds it (None: none, or not known)
+    fed: bool = False  # its input comes from a pipe, or a heredoc/herestring toolkeeper cannot read
+
+
+@dataclass(frozen=True)
+class ParsedScript:
+    commands: tuple[SimpleCommand, ...]
+    problems: tuple[str, ...]  # what the parser could not read: the caller fails closed
+
+
+@lru_cache(maxsize=4096)
+def parse_script(text: str) -> ParsedScript:
+    """The simple commands a bash script runs, in the order they are written."""
+    tree = _parser().parse(joined_lines(text).encode("utf-8", "surrogatepass"))
+    walk = _Walk()
+    walk.visit(tree.root_node, _Context())
+    return ParsedScript(tuple(walk.commands), tuple(walk.problems))
+
+
+def joined_lines(text: str) -> str:
+    """Backslash-newlines removed as bash removes them (outside single quotes and comments) before the parser
+    sees the text: tree-sitter would split `r\\<newline>m` into two words, bash reads one, `rm`."""
+    if "\\\n" not in text:
+        return text
+    out, index, quote = [], 0, ""
+    while index < len(text):
+        char = text[index]
+        if quote == "'":
+            quote = "" if char == "'" else quote
+        elif char == "\\" and index + 1 < len(text):
+            if text[index + 1] != "\n":
+                out.append(text[index:index + 2])
+            index += 2
+            continue
+        elif char == "#" and not quote and (index == 0 or text[index - 1] in " \t\n;&|()"):
+            end = text.find("\n", index)
+            end = len(text) if end < 0 else end
+            out.append(text[index:end])
+            index = end
+            continue
+        elif char == "'" and not quote:
+            quote = "'"
+        elif char == '"':
+            quote = "" if quote == '"' else '"'
+        out.append(char)
+        index += 1
+    return "".join(out)
+
+
+def _parser() -> Parser:
+    parser = getattr(_PARSERS, "parser", None)
+    if parser is None:
+        parser = _PARSERS.parser = Parser(_BASH)
+    return parser
+
+
+@dataclass(frozen=True)
+class _Context:
+    writes: tuple[str | None, ...] = ()
+    stdin: str | None = None
+    fed: bool = False
+
+
+class _Walk:
+    def __init__(self) -> None:
+        self.commands: list[SimpleCommand] = []
+        self.problems: list[str] = []
+
+    def visit(self, node: Node, context: _Context) -> None:
+        if node.type == "ERROR" or node.is_missing:
+            where = node.start_point
+            self.problems.append(f"bash cannot parse it (line {where[0] + 1}, column {where[1] + 1})")
+            return
+        if node.type == "command":
+            self._command(node, context)
+        elif node.type == "redirected_statement":
+            self._redirected(node, context)
+        elif node.type == "pipeline":
+            for index, child in enumerate(node.named_children):
+                fed = context.fed if index == 0 else True
+                self.visit(child, _Context(context.writes, context.stdin if index == 0 else None, fed))
+        elif node.type == "command_substitution" and _text(node).startswith("`") and "\\`" in _text(node):
+            inner = parse_script(re.sub(r"\\([`$\\])", r"\1", _text(node)[1:-1]))  # nested backticks: bash
+            self.commands.extend(inner.commands)                                    # unescapes, then runs them
+            self.problems.extend(inner.problems)
+        elif node.type in ("command_substitution", "process_substitution"):
+            for child in node.children:
+                self.visit(child, _Context())  # a command of its own: the outer one's redirections are not its
+        elif node.type in ("test_command", "declaration_command", "unset_command"):
+            self._arithmetic(node)
+            for child in node.children:
+                self.visit(child, context)
+        else:
+            for child in node.children:
+                self.visit(child, context)
+
+    def _redirected(self, node: Node, context: _Context) -> None:
+        writes, stdin, fed = list(context.writes), context.stdin, context.fed
+        body = node.child_by_field_name("body")
+        extra: list[str | None] = []
+        for child in node.children:
+            if child == body:
+                continue
+            target, kind, words = self._redirect(child)
+            extra.extend(words)
+            if kind == "write":
+                writes.append(target)
+            elif kind == "script":
+                stdin, fed = target, target is None or fed
+        if body is not None:
+            self._redirect_into(body, context, _Context(tuple(writes), stdin, fed), extra)
+
+    def _redirect_into(self, body: Node, outer: _Context, inner: _Context, extra: list[str | None]) -> None:
+        """tree-sitter hangs `a && b > f` and `a | b > f` on the whole list; bash gives the redirection to the last
+        command only. A group (`{ a; b; } > f`) passes it to all of its commands."""
+        if body.type == "command":
+            self._command(body, inner, extra)
+        elif body.type in ("list", "pipeline") and body.named_children:
+            *first, last = body.named_children
+            piped = body.type == "pipeline"
+            for index, child in enumerate(first):
+                fed = outer.fed if index == 0 or not piped else True
+                self.visit(child, _Context(outer.writes, outer.stdin if index == 0 else None, fed))
+            if piped and inner.stdin is None:  # its input is the pipe unless the redirection gives it another
+                inner = _Context(inner.writes, None, True)
+            self._redirect_into(last, outer, inner, extra)
+        else:
+            if extra:
+                self.problems.append("words after a redirection of a compound command")
+            self.visit(body, inner)
+
+    def _redirect(self, node: Node) -> tuple[str | None, str, list[str | None]]:
+        """(target, kind, words): a file written to (write), or the script text fed to stdin (script); and the
+        command's words that follow the target (`rm 2>/dev/null -rf /`: tree-sitter puts -rf and / here)."""
+        for child in node.children:
+            if child.type in _EXPANSIONS or child.type in ("string", "concatenation", "heredoc_body"):
+                self._nested(child)
+        if node.type == "file_redirect":
+            operator = next((c.type for c in node.children if not c.is_named), "")
+            destinations = node.children_by_field_name("destination")
+            words = [word for extra in destinations[1:] for word in words_of(extra)]
+            if operator in WRITING and destinations and destinations[0].type != "number":
+                return literal(destinations[0]), "write", words
+            if operator == "<" and destinations and literal(destinations[0]) is None:
+                return None, "script", words  # input from a substitution or a variable: a shell's script unseen
+            return None, "", words
+        if node.type == "herestring_redirect":
+            target = node.named_children[-1] if node.named_children else None
+            return (literal(target) if target is not None else None), "script", []
+        if node.type == "heredoc_redirect":
+            self._after_heredoc(node)
+            body = next((c for c in node.named_children if c.type == "heredoc_body"), None)
+            if body is None:
+                return "", "script", []
+            known = not any(c.type in _EXPANSIONS for c in body.named_children)
+            return (_text(body) if known else None), "script", []
+        return None, "", []
+
+    def _after_heredoc(self, node: Node) -> None:
+        """tree-sitter puts what follows `<<EOF` on its line (`| sh`, `&& rm ...`) inside the heredoc's node."""
+        for child in node.named_children:
+            if child.type in ("heredoc_start", "heredoc_body", "heredoc_end", "heredoc_content"):
+                continue
+            if child.type == "pipeline":  # `| sh`: each command after the pipe reads the one before
+                for piped in child.named_children:
+                    self.visit(piped, _Context(fed=True))
+            else:
+                self.visit(child, _Context())
+
+    def _nested(self, node: Node) -> None:
+        """The commands inside a word (its substitutions), each a command of its own."""
+        if node.type in ("command_substitution", "process_substitution"):
+            self.visit(node, _Context())
+            return
+        for child in node.named_children:
+            self._nested(child)
+
+    def _command(self, node: Node, context: _Context, extra: list[str | None] | None = None) -> None:
+        words: list[str | None] = []
+        writes, stdin, fed = list(context.writes), context.stdin, context.fed
+        for child in node.children:
+            if child.type == "variable_assignment":
+                self._nested(child)
+            elif child.type in ("file_redirect", "herestring_redirect", "heredoc_redirect"):
+                target, kind, more = self._redirect(child)
+                words.extend(more)
+                if kind == "write":
+                    writes.append(target)
+                elif kind == "script":
+                    stdin, fed = target, target is None or fed
+            elif child.is_named:
+                self._nested(child)
+                words.extend(words_of(child.named_children[0] if child.type == "command_name" else child))
+        words.extend(extra or ())
+        if words and words[0] in ARITHMETIC:
+            self._arithmetic(node)
+        self.commands.append(SimpleCommand(tuple(words), tuple(writes), stdin, fed))
+
+    def _arithmetic(self, node: Node) -> None:
+        """Builtins that evaluate a word as arithmetic run the command substitutions in an array subscript, even
+        a single-quoted one (`let 'a[$(rm -rf /)]'`): such a word is not read, it fails closed."""
+        stack = [node]
+        while stack:
+            found = stack.pop()
+            if found.type in ("word", "raw_string", "string", "concatenation"):
+                text = _text(found)
+                if "[" in text and ("$(" in text or "`" in text):
+                    self.problems.append("a word bash may evaluate as arithmetic holds a command substitution")
+                    return
+                continue
+            stack.extend(found.children)
+
+
+def _text(node: Node) -> str:
+    return node.text.decode("utf-8", "surrogatepass") if node.text is not None else ""
+
+
+def words_of(node: Node) -> list[str | None]:
+    """The words one argument becomes: one, or several when its braces expand; None for an unknowable one."""
+    raw = _text(node)
+    if node.type in ("word", "concatenation") and "{" in raw and re.search(r"\{[^{}]*(,|\.\.)[^{}]*\}", raw):
+        if re.search(r"[$`'\"\\]", raw):
+            return [None]  # braces beside quotes or expansions: not worth guessing, and never an allow
+        return [unescape(word) for word in expand_braces(raw)]
+    return [literal(node)]
+
+
+def literal(node: Node) -> str | None:
+    """The word bash would make of this node, when it is known before the command runs."""
+    kind, text = node.type, _text(node)
+    if kind == "word":
+        return unescape(text)
+    if kind == "number":
+        return text
+    if kind == "raw_string":
+        return text[1:-1]
+    if kind in ("string", "translated_string"):
+        return _double_quoted(node)
+    if kind == "ansi_c_string":
+        return _ansi_c(text[2:-1])
+    if kind == "concatenation":
+        parts = [literal(child) for child in node.named_children]
+        return None if any(part is None for part in parts) else "".join(parts)  # type: ignore[arg-type]
+    if kind in ("simple_expansion", "expansion") and text in _HOME:
+        return "~"  # the agent's home: paths.py reads it so
+    return None
+
+
+def _double_quoted(node: Node) -> str | None:
+    parts = []
+    for child in node.named_children:
+        if child.type == "string_content":
+            parts.append(re.sub(r'\\([$`"\\\n])', lambda m: "" if m.group(1) == "\n" else m.group(1), _text(child)))
+        elif child.type in ("simple_expansion", "expansion") and _text(child) in _HOME:
+            parts.append("~")
+        else:
+            return None
+    return "".join(parts)
+
+
+def unescape(text: str) -> str:
+    """An unquoted word's backslashes as bash removes them (a backslash-newline is nothing)."""
+    return re.sub(r"\\(.)", lambda m: "" if m.group(1) == "\n" else m.group(1), text, flags=re.DOTALL)
+
+
+def _ansi_c(body: str) -> str | None:
+    try:
+        return codecs.decode(body.replace("\\'", "'").encode("latin-1", "backslashreplace"), "unicode_escape")
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def expand_braces(text: str, limit: int = 256) -> list[str]:
+    """Bash's brace expansion of an unquoted word: `a{b,c}d` -> abd acd; `{1..3}` -> 1 2 3."""
+    match = _innermost_braces(text)
+    if match is None:
+        return [text]
+    start, end, choices = match
+    results: list[str] = []
+    for choice in choices:
+        results.extend(expand_braces(text[:start] + choice + text[end:], limit))
+        if len(results) > limit:
+            break
+    return results[:limit]
+
+
+def _innermost_braces(text: str) -> tuple[int, int, list[str]] | None:
+    for match in re.finditer(r"\{([^{}]*)\}", text):
+        inner = match.group(1)
+        if "," in inner:
+            return match.start(), match.end(), inner.split(",")
+        sequence = re.fullmatch(r"(-?\d+|[a-zA-Z])\.\.(-?\d+|[a-zA-Z])", inner)
+        if sequence:
+            return match.start(), match.end(), _sequence(*sequence.groups())
+    return None
+
+
+def _sequence(first: str, last: str) -> list[str]:
+    if first.lstrip("-").isdigit() and last.lstrip("-").isdigit():
+        low, high = int(first), int(last)
+        step = 1 if high >= low else -1
+        return [str(n) for n in range(low, high + step, step)][:256]
+    step = 1 if ord(last) >= ord(first) else -1
+    return [chr(n) for n in range(ord(first), ord(last) + step, step)]

@@ -1,0 +1,112 @@
+"""Replay in the console: paste candidate rules, see what they would have done to the trail's calls.
+
+    GET  /toolkeeper/audit/replay     the form: the candidate rules (YAML), a time range, a tool
+    POST /toolkeeper/audit/replay     the chain verified, then each call decided again (policy/replay.py)
+
+The same report `toolkeeper policy replay` prints: the outcomes now and under
+the candidate, the candidate's rules that decided, the shadow rules that
+matched, and each call that would change, linked to its record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from toolkeeper.audit import SQLAudit
+from toolkeeper.policy import Report, RulesError, load_rules, replay_calls
+from toolkeeper.wire.admin.console.layout import csrf_field, link, page, show, when
+from toolkeeper.wire.admin.console.trail import typed_time
+
+SHOWN = 500  # changed calls listed on the page
+MAX_RULES = 1 << 20  # bytes of candidate rules
+
+
+class ReplayPage:
+    def __init__(self, audit: SQLAudit):
+        self.audit = audit
+
+    def __call__(self, app: web.Application) -> None:
+        app.router.add_get("/audit/replay", self.form)
+        app.router.add_post("/audit/replay", self.run)
+
+    def _form(self, request: web.Request, values: dict[str, str]) -> str:
+        def text(name: str, label: str, kind: str = "text") -> str:
+            return f"<label>{label}<input type={kind} name={name} value='{show(values.get(name, ''))}'></label>"
+
+        return (f"<form class=filters method=post action='{link('/audit/replay')}'>{csrf_field(request)}"
+                "<label>candidate rules (YAML)<textarea name=candidate rows=14 cols=90 spellcheck=false>"
+                f"{show(values.get('candidate', ''), block=True)}</textarea></label>"
+                f"{text('since', 'from', 'datetime-local')}{text('until', 'to', 'datetime-local')}"
+                f"{text('tool', 'tool')}<button type=submit>Replay</button></form>")
+
+    async def form(self, request: web.Request) -> web.Response:
+        intro = ("<p>Each recorded call's policy input is decided again under the candidate rules and compared with "
+                 "what was decided then. Nothing is enforced or written.</p>")
+        return page(request, "Replay the trail", intro + self._form(request, {}))
+
+    async def run(self, request: web.Request) -> web.Response:
+        posted = await request.post()
+        values = {name: str(posted.get(name, "")) for name in ("candidate", "since", "until", "tool")}
+        window: dict[str, Any] = {"tool": values["tool"] or None}
+        for name in ("since", "until"):
+            window[name] = typed_time(values[name]) if values[name] else None
+        try:
+            started = time.monotonic()
+            intact, what, report = await asyncio.to_thread(self._replay, values["candidate"], window)
+        except RulesError as exc:
+            problem = f"<p id=problems class=failed>The candidate rules do not load: {show(exc)}</p>"
+            return page(request, "Replay the trail", problem + self._form(request, values), status=400)
+        if not intact or report is None:
+            return page(request, "Chain broken", f"<p id=verdict class=failed>The trail does not verify, so a "
+                        f"replay of it proves nothing: {show(what)}</p>", status=409)
+        took = f"<p><small>{show(what)}; replayed in {time.monotonic() - started:.2f} s</small></p>"
+        return page(request, "Replay the trail", _report(report) + took + self._form(request, values))
+
+    def _replay(self, text: str, window: dict[str, Any]) -> tuple[bool, str, Report | None]:
+        if len(text.encode()) > MAX_RULES:
+            raise RulesError("the candidate rules are larger than 1 MiB")
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "candidate.yaml"
+            path.write_text(text)
+            try:
+                candidate = load_rules(path)
+            except RulesError as exc:
+                raise RulesError(str(exc).replace(str(path.resolve()), "candidate")) from None
+        intact, what = self.audit.verify()
+        if not intact:
+            return False, what, None
+        entries = self.audit.records(**{k: v for k, v in window.items() if v is not None})
+        return True, what, replay_calls((vars(entry) for entry in entries), candidate)
+
+
+def _report(report: Report) -> str:
+    tightened = report.tightened
+    summary = (f"<p id=summary class={'failed' if tightened else 'ok'}>{report.replayed} calls replayed under "
+               f"revision {show(report.revision)}: <strong id=changed>{len(report.changes)}</strong> would change, "
+               f"<strong id=tightened>{tightened}</strong> of them allowed now and denied or asked under the "
+               f"candidate. {report.skipped} no policy decided were left out.</p>")
+    outcomes = "".join(f"<tr><td>{show(now)}</td><td>{show(then)}</td><td>{count}</td></tr>"
+                       for (now, then), count in sorted(report.transitions.items()))
+    rules = "".join(f"<tr><td>{show(rule)}</td><td>{show(effect)}</td><td>{count}</td></tr>"
+                    for (rule, effect), count in sorted(report.by_rule.items()))
+    shadow = "".join(f"<tr><td>{show(rule)}</td><td>would {show(effect)}</td><td>{count}</td></tr>"
+                     for (rule, effect), count in sorted(report.shadow.items()))
+    changes = "".join(
+        f"<tr class=change><td><a href='{link('/audit/' + c.record_id)}'>{show(when(c.time))}</a></td>"
+        f"<td>{show(c.tool)} <small>{show(c.source)}</small></td><td>{show(c.current)} "
+        f"<small>{show(c.current_rule or '')}</small></td><td>{show(c.candidate)} "
+        f"<small>{show(c.candidate_rule or '')}</small></td><td>{show(c.reason)}</td></tr>"
+        for c in report.changes[:SHOWN])
+    more = f"<p>... and {len(report.changes) - SHOWN} more.</p>" if len(report.changes) > SHOWN else ""
+    return (f"{summary}<h2>Outcomes</h2><table id=outcomes><tr><th>now</th><th>candidate</th><th>calls</th></tr>"
+            f"{outcomes}</table><h2>Candidate rules that decided</h2><table id=rules><tr><th>rule</th>"
+            f"<th>effect</th><th>calls</th></tr>{rules}</table>"
+            + (f"<h2>Shadow rules that matched</h2><table id=shadow>{shadow}</table>" if shadow else "")
+            + f"<h2>Calls that would change</h2><table id=changes><tr><th>time</th><th>tool</th><th>now</th>"
+            f"<th>candidate</th><th>reason</th></tr>{changes}</table>{more}")

@@ -1,0 +1,193 @@
+"""Command-aware rules (`runs:`, issue 26): a shell command is matched on the simple commands it would run.
+
+The corpus (tests/policies/command_corpus.yaml) holds evasions of a rule denying `rm -rf`, which it must deny
+however the command is spelled; commands a coding agent runs all day, which it must not deny and an allow rule
+naming their programs must allow; and commands that cannot be resolved, which fail closed: every deny rule
+with `runs:` matches them, no allow rule does. Each entry is its own test, through the Bash tool's `command`
+string and through a local shell call's argv (`bash -lc COMMAND`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from toolkeeper.policy import load_rules, policy_input
+
+CORPUS = yaml.safe_load((Path(__file__).resolve().parent / "policies" / "command_corpus.yaml").read_text())
+EVASIONS: list[str] = CORPUS["evasions"]
+HARMLESS: list[dict[str, Any]] = CORPUS["harmless"]
+UNRESOLVABLE: list[str] = CORPUS["unresolvable"]
+
+NO_RM_RF = {"id": "no-rm-rf", "effect": "deny", "reason": "recursive forced deletion is not allowed"}
+RUNS_RM_RF = {"runs": {"program": "rm", "flags": ["r", "f"]}}
+UNRESOLVABLE_ALLOWED = ["ls", "echo", "cat", "git", "bash", "sh"]
+
+
+def short(command: str, width: int = 48) -> str:
+    """A test id: the command on one line, cut to `width`."""
+    text = command.replace("\n", "<NL>").replace("\t", "<TAB>").replace("::", ": :")
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def ids(commands: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    result = []
+    for command in commands:
+        name = short(command)
+        seen[name] = seen.get(name, 0) + 1
+        result.append(name if seen[name] == 1 else f"{name} #{seen[name]}")
+    return result
+
+
+def bash_rule(rule: dict[str, Any], test: dict[str, Any]) -> dict[str, Any]:
+    return {**rule, "when": {"source": "agent", "tool": "Bash", "arguments": {"command": test}}}
+
+
+def argv_rule(rule: dict[str, Any], test: dict[str, Any]) -> dict[str, Any]:
+    return {**rule, "when": {"source": "agent", "tool": "local_shell", "arguments": {"action.command": test}}}
+
+
+def allow(programs: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An allow rule and its test: `runs` one of these programs."""
+    return {"id": "ok", "effect": "allow"}, {"runs": {"program": list(programs)}}
+
+
+def rules_file(directory: Path, name: str, *rules: dict[str, Any]):
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"rules": list(rules)}, sort_keys=False))
+    return load_rules(path)
+
+
+def on_bash(rules, command: str):
+    return rules.decide(policy_input("Bash", {"command": command}, None, source="agent"))
+
+
+def on_argv(rules, argv: list[str]):
+    return rules.decide(policy_input("local_shell", {"action": {"command": argv}}, None, source="agent",
+                                     kind="local_shell_call"))
+
+
+@pytest.fixture(scope="module")
+def deny_rm(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("deny")
+    return (rules_file(directory, "bash", bash_rule(NO_RM_RF, RUNS_RM_RF)),
+            rules_file(directory, "argv", argv_rule(NO_RM_RF, RUNS_RM_RF)))
+
+
+@pytest.fixture(scope="module")
+def allow_few(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("allow")
+    rule, test = allow(UNRESOLVABLE_ALLOWED)
+    return rules_file(directory, "bash", bash_rule(rule, test)), rules_file(directory, "argv", argv_rule(rule, test))
+
+
+def said(decision) -> str:
+    return "no decision" if decision is None else f"{decision.effect} by {decision.rule_id}: {decision.reason}"
+
+
+def test_the_corpus_is_large_enough_and_well_formed():
+    assert len(EVASIONS) >= 60 and len(HARMLESS) >= 40 and len(UNRESOLVABLE) >= 10
+    assert all(isinstance(command, str) and command.strip() for command in EVASIONS + UNRESOLVABLE)
+    for entry in HARMLESS:
+        assert set(entry) == {"command", "programs"}, entry
+        assert isinstance(entry["command"], str) and entry["command"].strip(), entry
+        assert entry["programs"] and all(isinstance(p, str) and p for p in entry["programs"]), entry
+    commands = EVASIONS + UNRESOLVABLE + [entry["command"] for entry in HARMLESS]
+    assert len(set(commands)) == len(commands), "an entry is listed twice"
+
+
+@pytest.mark.parametrize("command", EVASIONS, ids=ids(EVASIONS))
+def test_an_evasion_is_denied(deny_rm, command):
+    decision = on_bash(deny_rm[0], command)
+    assert decision is not None and decision.effect == "deny" and decision.rule_id == "no-rm-rf", said(decision)
+
+
+@pytest.mark.parametrize("command", EVASIONS, ids=ids(EVASIONS))
+def test_an_evasion_in_a_local_shell_argv_is_denied(deny_rm, command):
+    decision = on_argv(deny_rm[1], ["bash", "-lc", command])
+    assert decision is not None and decision.effect == "deny" and decision.rule_id == "no-rm-rf", said(decision)
+
+
+@pytest.mark.parametrize("entry", HARMLESS, ids=ids([entry["command"] for entry in HARMLESS]))
+def test_a_harmless_command_is_not_denied_and_is_allowed_by_its_programs(tmp_path, deny_rm, entry):
+    command, programs = entry["command"], entry["programs"]
+    assert on_bash(deny_rm[0], command) is None, said(on_bash(deny_rm[0], command))
+    decision = on_bash(rules_file(tmp_path, "allow", bash_rule(*allow(programs))), command)
+    assert decision is not None and decision.effect == "allow" and decision.rule_id == "ok", said(decision)
+
+
+@pytest.mark.parametrize("entry", HARMLESS, ids=ids([entry["command"] for entry in HARMLESS]))
+def test_a_harmless_command_in_a_local_shell_argv_is_not_denied_and_is_allowed(tmp_path, deny_rm, entry):
+    argv = ["bash", "-lc", entry["command"]]
+    assert on_argv(deny_rm[1], argv) is None, said(on_argv(deny_rm[1], argv))
+    decision = on_argv(rules_file(tmp_path, "allow", argv_rule(*allow(entry["programs"]))), argv)
+    assert decision is not None and decision.effect == "allow" and decision.rule_id == "ok", said(decision)
+
+
+def says_unresolved(decision) -> bool:
+    reason = decision.reason.lower()
+    return "resolve" in reason or "parse" in reason
+
+
+@pytest.mark.parametrize("command", UNRESOLVABLE, ids=ids(UNRESOLVABLE))
+def test_an_unresolvable_command_fails_closed(deny_rm, allow_few, command):
+    decision = on_bash(deny_rm[0], command)
+    assert decision is not None and decision.effect == "deny" and decision.rule_id == "no-rm-rf", said(decision)
+    assert says_unresolved(decision), said(decision)
+    assert on_bash(allow_few[0], command) is None, said(on_bash(allow_few[0], command))
+
+
+@pytest.mark.parametrize("command", UNRESOLVABLE, ids=ids(UNRESOLVABLE))
+def test_an_unresolvable_command_in_a_local_shell_argv_fails_closed(deny_rm, allow_few, command):
+    argv = ["bash", "-c", command]
+    decision = on_argv(deny_rm[1], argv)
+    assert decision is not None and decision.effect == "deny" and decision.rule_id == "no-rm-rf", said(decision)
+    assert says_unresolved(decision), said(decision)
+    assert on_argv(allow_few[1], argv) is None, said(on_argv(allow_few[1], argv))
+
+
+# An argv is run as it is, without a shell: its entries are words, never shell text.
+ARGV_DENIED = [
+    ["bash", "-lc", "rm -rf /"],
+    ["/bin/rm", "-r", "-f", "/"],
+    ["sudo", "rm", "-rf", "/"],
+    ["env", "rm", "-fr", "x"],
+    ["rm", "/", "-rf"],
+    ["rm", "--recursive", "--force", "--", "/"],
+    ["timeout", "5", "sh", "-c", "rm -rf /"],
+    ["xargs", "rm", "-rf"],
+    ["find", "/", "-exec", "rm", "-rf", "{}", ";"],
+    ["find", "/", "-delete"],
+    ["sh", "-c", "$(echo rm) -rf /"],
+]
+ARGV_NOT_DENIED = [
+    ["git", "status"],
+    ["rm", "-r", "build"],
+    ["rm", "-r", "--", "build", "-f"],
+    ["echo", "rm -rf /"],  # one word: echo prints it
+    ["ls", "$(rm -rf /)"],  # no shell expands it: ls is given these characters
+    ["grep", "-rn", "rm -rf", "src/"],
+]
+
+
+@pytest.mark.parametrize("argv", ARGV_DENIED, ids=[short(" ".join(argv)) for argv in ARGV_DENIED])
+def test_a_local_shell_argv_running_rm_rf_is_denied(deny_rm, argv):
+    decision = on_argv(deny_rm[1], argv)
+    assert decision is not None and decision.effect == "deny" and decision.rule_id == "no-rm-rf", said(decision)
+
+
+@pytest.mark.parametrize("argv", ARGV_NOT_DENIED, ids=[short(" ".join(argv)) for argv in ARGV_NOT_DENIED])
+def test_a_local_shell_argv_not_running_rm_rf_is_not_denied(deny_rm, argv):
+    assert on_argv(deny_rm[1], argv) is None, said(on_argv(deny_rm[1], argv))
+
+
+def test_a_local_shell_argv_is_allowed_by_its_program(tmp_path):
+    rules = rules_file(tmp_path, "allow", argv_rule(*allow(["git"])))
+    assert on_argv(rules, ["git", "status"]).effect == "allow"
+    assert on_argv(rules, ["timeout", "5", "git", "status"]).effect == "allow"
+    assert on_argv(rules, ["bash", "-lc", "git status && rm -rf /"]) is None
+    assert on_argv(rules, ["sudo", "git", "status"]) is None  # sudo is not transparent

@@ -1,0 +1,295 @@
+"""`toolkeeper policy import`: Claude Code's, Codex CLI's and Gemini CLI's permission configs as rules.
+
+Each sample under tests/policies/ goes through the real command; the rules it writes must load, the warnings
+must name every entry not translated exactly, and the scenarios it writes (each example's decision as the
+original config makes it) must pass under `toolkeeper policy test`, enforced and in shadow mode. A few calls
+the samples do not show (compound commands, paths written otherwise) check the rules as toolkeeper reads them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, run_cli
+
+from toolkeeper.policy import load_rules
+
+SAMPLES = ROOT / "tests" / "policies"
+CLAUDE, CODEX, GEMINI = (SAMPLES / "import_claude_settings.json", SAMPLES / "import_codex.rules",
+                         SAMPLES / "import_gemini.toml")
+
+
+def imported(tmp_path: Path, kind: str, source: Path, *options: str):
+    """Run the import into tmp_path: (the process, the rules file, the scenarios file)."""
+    rules, scenarios = tmp_path / f"{kind}.yaml", tmp_path / f"{kind}_scenarios.yaml"
+    run = run_cli("policy", "import", kind, str(source), "-o", str(rules), "--scenarios", str(scenarios), *options)
+    assert "Traceback" not in run.stderr, run.stderr
+    return run, rules, scenarios
+
+
+def warnings(run) -> list[str]:
+    return [line for line in run.stderr.splitlines() if line.startswith("WARN ")]
+
+
+def passes(scenarios: Path, count: int | None = None) -> str:
+    """`toolkeeper policy test` on the file: exit 0, every scenario PASS, no warning about the rules."""
+    run = run_cli("policy", "test", str(scenarios))
+    lines = run.stdout.splitlines()
+    failed = [line for line in lines if not line.startswith(("PASS", "scenarios:"))]
+    assert run.returncode == 0 and not failed, "\n".join(failed) + run.stderr
+    if count is not None:
+        assert f"scenarios: {count} passed, 0 failed" in run.stdout, run.stdout
+    return run.stdout
+
+
+def rules_of(path: Path) -> dict[str, dict]:
+    return {rule["id"]: rule for rule in yaml.safe_load(path.read_text())["rules"]}
+
+
+def add_scenarios(scenarios: Path, extra: list[dict]) -> None:
+    """More calls against the same rules, beside the generated ones."""
+    spec = yaml.safe_load(scenarios.read_text())
+    spec["scenarios"] += extra
+    scenarios.write_text(yaml.safe_dump(spec, sort_keys=False))
+
+
+def call(tool: str, expect: str, rule: str | None = None, kind: str | None = None, **arguments) -> dict:
+    scenario = {"name": f"{tool} {arguments} -> {expect}", "call": {"tool": tool, "source": "agent",
+                                                                    "arguments": arguments}, "expect": expect}
+    if kind:
+        scenario["call"]["kind"] = kind
+    if rule:
+        scenario["rule"] = rule
+    return scenario
+
+
+def test_claude_code_settings_become_rules_that_decide_as_claude_code_does(tmp_path):
+    run, rules_path, scenarios = imported(tmp_path, "claude-code", CLAUDE)
+    assert run.returncode == 1, run.stderr  # some entries are approximate or not translated: said, not dropped
+    said = "\n".join(warnings(run))
+    for entry in ('deny "Task(Explore)": toolkeeper has no translation', "permissions.defaultMode",
+                  "permissions.additionalDirectories", 'deny "Read(./secrets/*.pem)": approximate',
+                  'deny "Bash(docker run * --privileged)": approximate', 'ask "Bash(npm run build*)": approximate'):
+        assert entry in said, said
+    assert re.search(r'^WARN import_claude_settings\.json:28 deny "Task\(Explore\)"', said, re.M)
+    assert len(warnings(run)) == 6
+    text = rules_path.read_text()
+    assert text.startswith("# Imported by `toolkeeper policy import claude-code`")
+    assert text.count("\n# WARN ") == 6
+    assert len(load_rules(rules_path).rules) == 24
+    rules = rules_of(rules_path)
+    assert rules["claude-allow-bash-npm-run-test"]["when"]["arguments"] == {
+        "command": {"runs": {"prefix": ["npm", "run", "test"]}}}
+    assert rules["claude-allow-bash-git-diff"]["when"]["arguments"]["command"] == {"runs": {"prefix": ["git", "diff"]}}
+    assert rules["claude-deny-read-ssh"]["when"] == {"source": "agent", "tool": "Read",
+                                                     "arguments": {"file_path": {"under": ["~/.ssh"]}}}
+    assert rules["claude-deny-read-ssh-glob-grep"]["when"]["tool"] == ["Glob", "Grep"]
+    assert rules["claude-deny-write-etc"]["when"]["arguments"] == {"file_path": {"under": ["/etc"]}}
+    assert rules["claude-allow-edit-src"]["when"]["arguments"] == {"file_path": {"under": [f"{SAMPLES}/src"]}}
+    assert rules["claude-allow-edit-src"]["when"]["tool"] == ["Edit", "MultiEdit", "Write"]
+    assert rules["claude-deny-mcp-github-delete-repo"]["when"] == {"tool": "mcp__github__delete_repo"}
+    assert rules["claude-ask-mcp-jira"]["when"] == {"tool": "mcp__jira__*"}
+    assert rules["claude-deny-bash-rm-rf"]["reason"] == "Imported from import_claude_settings.json: deny Bash(rm -rf:*)"
+    assert all(rule["when"].get("source") == "agent" for name, rule in rules.items() if "-mcp-" not in name)
+    passes(scenarios, 24)
+
+
+def test_claude_code_rules_catch_what_the_settings_name_however_it_is_written(tmp_path):
+    _, _, scenarios = imported(tmp_path, "claude-code", CLAUDE)
+    home, project = str(Path.home()), str(SAMPLES)
+    add_scenarios(scenarios, [
+        call("Bash", "deny", "claude-deny-bash-rm-rf", command="cd /tmp && rm -rf build"),
+        call("Bash", "deny", "claude-deny-bash-rm-rf", command="echo start; rm -rf ~/old | tee log"),
+        call("Bash", "allow", command="rm -r build"),
+        call("Bash", "ask", "claude-ask-bash-git-push", command="git status && git push origin main"),
+        call("Bash", "allow", "claude-allow-bash-npm-run-test", command="npm run test -- --watch"),
+        call("Bash", "allow", command="npm run test:unit"),  # `npm run test:*` is the word test, then arguments
+        call("Bash", "ask", "claude-ask-bash-npm-run-build", command="npm run build:prod"),
+        call("Bash", "deny", "claude-deny-bash-docker-run-privileged", command="docker run --rm -it ubuntu --privileged"),
+        call("Bash", "allow", command="docker run ubuntu"),
+        call("Bash", "allow", "claude-allow-bash-git-status", command="git  status"),
+        call("Read", "deny", "claude-deny-read-ssh", file_path=f"{home}/.ssh/id_ed25519"),
+        call("Read", "deny", "claude-deny-read-ssh", file_path="~/.ssh/../.ssh/config"),
+        call("Grep", "deny", "claude-deny-read-ssh-glob-grep", path="~/.ssh"),
+        call("Read", "allow", file_path=f"{home}/.sshd_config"),
+        call("Read", "deny", "claude-deny-read-env", file_path=f"{project}/app/.env"),
+        call("Read", "allow", file_path=f"{project}/.env.example"),
+        call("Read", "deny", "claude-deny-read-secrets-pem", file_path=f"{project}/secrets/tls.pem"),
+        call("Read", "allow", file_path=f"{project}/secrets/README.md"),
+        call("Write", "deny", "claude-deny-write-etc", file_path="//etc/./hosts"),
+        call("Write", "deny", "claude-deny-write-etc", file_path="/tmp/../etc/passwd"),
+        call("Edit", "allow", file_path="/etc/hosts"),  # Write(//etc/**) names the Write tool alone
+        call("Edit", "allow", "claude-allow-edit-src", file_path=f"{project}/src/app/main.py"),
+        call("WebFetch", "deny", "claude-deny-webfetch-evil-example", url="https://cdn.evil.example/x.js"),
+        call("WebFetch", "allow", url="https://evil.example.attacker.test/"),
+        call("WebFetch", "allow", url="https://docs.python.org.attacker.test/"),  # not docs.python.org: no allow
+        call("WebFetch", "allow", "claude-allow-webfetch-docs-python-org", url="https://DOCS.python.org:443/3/"),
+        call("mcp__github__delete_repo", "deny", "claude-deny-mcp-github-delete-repo"),
+        call("mcp__jira__create_issue", "ask", "claude-ask-mcp-jira"),
+        call("mcp__jiralike__x", "allow"),
+    ])
+    passes(scenarios)
+
+
+def test_codex_prefix_rules_become_one_rule_per_codex_shell_tool(tmp_path):
+    run, rules_path, scenarios = imported(tmp_path, "codex", CODEX)
+    assert run.returncode == 1, run.stderr
+    assert warnings(run) == [
+        'WARN import_codex.rules:28 host_executable(name = "git", paths = ["/usr/bin/git", "/opt/homebrew/bin/git"]): '
+        "not translated: toolkeeper's rules read the program as the command names it, and do not check which "
+        "executable paths a name may resolve to"]
+    assert len(load_rules(rules_path).rules) == 16
+    rules = rules_of(rules_path)
+    assert rules["codex-2-git-push-reset-exec"] == {
+        "id": "codex-2-git-push-reset-exec", "effect": "ask",
+        "reason": "Pushing or resetting rewrites shared history: ask first.",
+        "when": {"source": "agent", "tool": "exec_command",
+                 "arguments": {"cmd": {"runs": {"prefix": [["git", "push"], ["git", "reset"]]}}}}}
+    assert rules["codex-2-git-push-reset-shell-command"]["when"]["arguments"].keys() == {"command"}
+    assert rules["codex-2-git-push-reset-shell"]["when"]["arguments"].keys() == {"action.commands"}
+    assert rules["codex-2-git-push-reset-local-shell"]["when"]["arguments"].keys() == {"action.command"}
+    assert rules["codex-3-rm-rf-exec"]["effect"] == "deny"
+    assert rules["codex-4-npm-test-ci-exec"]["effect"] == "allow"  # no decision: allow
+    assert rules["codex-4-npm-test-ci-exec"]["reason"].startswith("Imported from import_codex.rules:26: prefix_rule(")
+    printed = passes(scenarios, 40)  # each match and not_match example, through each of the four tools
+    assert "codex-1-git-status-log-diff-exec #3: exec_command git push (not matched): ask (rule " \
+           "codex-2-git-push-reset-exec" in printed  # a not_match of one rule that another decides
+
+
+def test_codex_rules_read_the_commands_inside_a_command_line(tmp_path):
+    _, _, scenarios = imported(tmp_path, "codex", CODEX)
+    add_scenarios(scenarios, [
+        call("exec_command", "ask", "codex-2-git-push-reset-exec", cmd="git add . && git push"),
+        call("exec_command", "ask", "codex-2-git-push-reset-exec", cmd="bash -lc 'git push origin main'"),
+        call("exec_command", "deny", "codex-3-rm-rf-exec", cmd="make clean; rm -rf dist"),
+        call("shell", "deny", "codex-3-rm-rf-shell", kind="shell_call", action={"commands": ["ls", "rm -rf /"]}),
+        call("local_shell", "deny", "codex-3-rm-rf-local-shell", kind="local_shell_call",
+             action={"command": ["rm", "-rf", "build"]}),
+        call("exec_command", "allow", "codex-1-git-status-log-diff-exec", cmd="git status && git log -1"),
+        call("exec_command", "allow", cmd="git status && curl example.com"),  # not all git status: no allow rule
+        call("exec_command", "allow", cmd="echo git push"),
+    ])
+    passes(scenarios)
+
+
+def test_gemini_cli_policy_becomes_rules_and_says_what_priorities_and_modes_change(tmp_path):
+    run, rules_path, scenarios = imported(tmp_path, "gemini-cli", GEMINI)
+    assert run.returncode == 1, run.stderr
+    said = "\n".join(warnings(run))
+    for line, why in ((16, "[[rule]] #3: approximate: Gemini CLI matches the pattern on the arguments' JSON text"),
+                      (27, "[[rule]] #5: not translated: it applies only in approval modes autoEdit"),
+                      (33, "[[rule]] #6: approximate"),
+                      (45, "[[rule]] #8: approximate: its priority 999 over rule #2 (deny, priority 500), #3 (ask, "
+                           "priority 300) is lost"),
+                      (50, "[[rule]] #9: not translated: applies to one subagent's calls"),
+                      (57, "[[safety_checker]] #1: a safety checker runs code of Gemini CLI's: not translated")):
+        assert f"WARN import_gemini.toml:{line} {why}" in said, said
+    assert len(warnings(run)) == 6
+    rules = rules_of(rules_path)
+    assert list(rules) == ["gemini-1-allow-git-status", "gemini-2-deny-rm-rf", "gemini-3-ask-git-push-reset",
+                           "gemini-4-ask-web-fetch", "gemini-6-deny-read-file", "gemini-7-deny-mcp-untrusted-server",
+                           "gemini-8-allow-run-shell-command"]
+    assert len(load_rules(rules_path).rules) == 7
+    assert rules["gemini-1-allow-git-status"]["when"]["arguments"] == {
+        "command": {"runs": {"prefix": [["git", "status"], ["git", "diff"], ["ls"]]}}}
+    assert rules["gemini-2-deny-rm-rf"]["reason"] == "Recursive deletes are not undone: use trash instead."
+    assert rules["gemini-6-deny-read-file"]["when"]["arguments"] == {"file_path": {"matches": r"^(?:.*\.env)$"}}
+    assert rules["gemini-7-deny-mcp-untrusted-server"]["when"] == {"source": "agent",
+                                                                   "tool": "mcp_untrusted-server_*"}
+    _, _, scenarios = imported(tmp_path, "gemini-cli", GEMINI)
+    add_scenarios(scenarios, [
+        call("run_shell_command", "ask", "gemini-3-ask-git-push-reset", command="git push origin main"),
+        call("run_shell_command", "ask", "gemini-3-ask-git-push-reset", command="ls && git reset --hard"),
+        call("run_shell_command", "deny", "gemini-2-deny-rm-rf", command="git status && rm -rf /"),
+        call("run_shell_command", "allow", "gemini-1-allow-git-status", command="git status --short"),
+        call("read_file", "deny", "gemini-6-deny-read-file", file_path="/srv/app/.env"),
+        call("read_file", "allow", file_path="/srv/app/.env.example"),
+        call("write_file", "allow", file_path="/srv/app/x"),  # the autoEdit-only rule is not translated
+    ])
+    passes(scenarios)
+
+
+@pytest.mark.parametrize(("kind", "source"), [("claude-code", CLAUDE), ("codex", CODEX), ("gemini-cli", GEMINI)])
+def test_shadow_rules_decide_nothing_and_the_scenarios_name_the_rules_that_would(tmp_path, kind, source):
+    run, rules_path, scenarios = imported(tmp_path, kind, source, "--shadow")
+    assert run.returncode == 1
+    assert {rule.mode for rule in load_rules(rules_path).rules} == {"shadow"}
+    spec = yaml.safe_load(scenarios.read_text())
+    assert {scenario["expect"] for scenario in spec["scenarios"]} == {"allow"}
+    assert all(isinstance(scenario["shadow"], list) and "rule" not in scenario for scenario in spec["scenarios"])
+    assert sum(bool(scenario["shadow"]) for scenario in spec["scenarios"]) >= len(spec["scenarios"]) * 2 // 3
+    passes(scenarios, len(spec["scenarios"]))
+
+
+def test_a_file_translated_exactly_exits_0_and_prints_the_rules(tmp_path):
+    source = tmp_path / "default.rules"
+    source.write_text('prefix_rule(pattern = ["ls"], match = [["ls", "-la"]])\n'
+                      'prefix_rule(["git", "push"], "prompt")  # positional, as Starlark allows\n')
+    run = run_cli("policy", "import", "codex", str(source))
+    assert run.returncode == 0, run.stderr
+    assert not warnings(run)
+    assert "# WARN" not in run.stdout
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(run.stdout)
+    assert [rule.id for rule in load_rules(printed).rules][::4] == ["codex-1-ls-exec", "codex-2-git-push-exec"]
+    assert load_rules(printed).rules[4].effect == "ask"
+
+
+def test_a_settings_file_in_a_project_reads_its_paths_from_the_project(tmp_path):
+    project = tmp_path / "project"
+    (project / ".claude").mkdir(parents=True)
+    (project / ".claude" / "settings.json").write_text(
+        '{"permissions": {"deny": ["Edit(/docs/**)", "Read(.env)"], "allow": ["Bash(make:*)"]}}')
+    run, rules_path, scenarios = imported(tmp_path, "claude-code", project / ".claude" / "settings.json")
+    assert run.returncode == 0, run.stderr
+    rules = rules_of(rules_path)
+    assert rules["claude-deny-edit-docs"]["when"]["arguments"] == {"file_path": {"under": [f"{project}/docs"]}}
+    assert rules["claude-deny-read-env"]["when"]["arguments"] == {
+        "file_path": {"under": [str(project)], "matches": r"(?:^|/)\.env(?:/.*)?$"}}
+    passes(scenarios, 5)
+    elsewhere = tmp_path / "elsewhere"
+    run = run_cli("policy", "import", "claude-code", str(project / ".claude" / "settings.json"),
+                  "--project-dir", str(elsewhere))
+    assert f"under: [{elsewhere}/docs]" in run.stdout
+
+
+@pytest.mark.parametrize(("kind", "name", "text", "said"), [
+    ("claude-code", "settings.json", '{"permissions": {"allow": ["Bash"],}}',
+     "settings.json:1: not valid JSON"),
+    ("claude-code", "settings.json", '{"permissions": {"allow": ["Bash", 3]}}',
+     "settings.json:1: permissions.allow must be a list of strings"),
+    ("claude-code", "settings.json", '{"env": {}}', "settings.json: no `permissions` object"),
+    ("codex", "team.rules", 'prefix_rule(pattern = ["ls"])\nGIT = "git"\n',
+     "team.rules:2: only calls like prefix_rule(...) are read (the file is not executed); this line holds an "
+     "assignment"),
+    ("codex", "team.rules", 'prefix_rule(pattern = [GIT])\n', "team.rules:1: only strings and lists of strings"),
+    ("codex", "team.rules", 'load("//x.star", "y")\n', "team.rules:1: load(...) is not a Codex execpolicy function"),
+    ("codex", "team.rules", 'prefix_rule(pattern = ["ls"], decision = "maybe")\n',
+     "team.rules:1: prefix_rule(): decision must be allow, prompt or forbidden"),
+    ("codex", "team.rules", 'prefix_rule(pattern = [])\n', "team.rules:1: prefix_rule(): pattern must be a non-empty"),
+    ("codex", "team.rules", '\nprefix_rule(pattern = ["ls"]\n', "team.rules:2: not valid Starlark"),
+    ("gemini-cli", "team.toml", '[[rule]]\ntoolName = "x"\ndecision =\n', "team.toml:3: not valid TOML"),
+    ("gemini-cli", "team.toml", '[[rule]]\ntoolName = "x"\ndecision = "maybe"\npriority = 1\n',
+     "team.toml:1: [[rule]] #1: decision must be allow, deny or ask_user"),
+])
+def test_an_invalid_input_is_one_line_naming_the_file_and_line(tmp_path, kind, name, text, said):
+    source = tmp_path / name
+    source.write_text(text)
+    run = run_cli("policy", "import", kind, str(source), "-o", str(tmp_path / "rules.yaml"))
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == [f"toolkeeper: {tmp_path}/{said}" + run.stderr.split(said, 1)[1].rstrip()]
+    assert not (tmp_path / "rules.yaml").exists()
+
+
+def test_what_cannot_be_read_or_asked_is_exit_2(tmp_path):
+    missing = run_cli("policy", "import", "gemini-cli", str(tmp_path / "none.toml"))
+    assert missing.returncode == 2
+    assert missing.stderr == f"toolkeeper: {tmp_path}/none.toml: cannot read it: No such file or directory\n"
+    alone = run_cli("policy", "import", "codex", str(CODEX), "--scenarios", str(tmp_path / "s.yaml"))
+    assert (alone.returncode, alone.stderr) == (2, "toolkeeper: --scenarios needs -o: the scenarios name the rules "
+                                                   "file they test\n")
+    misplaced = run_cli("policy", "import", "codex", str(CODEX), "--project-dir", str(tmp_path))
+    assert misplaced.returncode == 2

@@ -1,0 +1,235 @@
+"""Shadow rules and replay (issue 26), against a real serve, its real trail and the real CLI.
+
+A shadow rule is evaluated on each call, recorded on the call's record and
+counted, and never decides. The hooks door carries the agent's working
+directory, so a path rule resolves a relative path in it. `policy replay`
+decides a trail of 20,000 seeded calls again under a candidate and names
+exactly the calls that would change; the console shows the same report.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import LOOKUP, audit_cli, run_cli, serving, write_agent
+from trails import COMMANDS, call_of, seed
+
+RULES = """
+rules:
+  - id: no-rm-rf
+    effect: deny
+    reason: Recursive forced deletion is not for agents.
+    when: {source: agent, tool: Bash, arguments: {command: {runs: {program: rm, flags: [r, f]}}}}
+  - id: private-files-never
+    effect: deny
+    reason: The private folder is off limits.
+    when: {source: agent, tool: Read, arguments: {file_path: {under: [/srv/private]}}}
+  - id: curl-would-be-denied
+    effect: deny
+    mode: shadow
+    reason: Downloads go through the mirror.
+    when: {source: agent, tool: Bash, arguments: {command: {runs: {program: [curl, wget]}}}}
+  - id: pushes-would-ask
+    effect: ask
+    mode: shadow
+    when: {source: agent, tool: Bash, arguments: {command: {runs: {prefix: [git, push]}}}}
+"""
+TOKEN = "admin-token-for-replay-tests-0123456789"
+
+
+def hook(base: str, tool: str, tool_input: dict, cwd: str = "/work") -> dict:
+    event = {"session_id": "s1", "transcript_path": "/tmp/t.jsonl", "cwd": cwd, "hook_event_name": "PreToolUse",
+             "tool_name": tool, "tool_input": tool_input, "tool_use_id": f"toolu_{time.monotonic_ns()}"}
+    request = urllib.request.Request(base + "/toolkeeper/hooks", method="POST",
+                                     data=json.dumps({"agent": "claude-code", "event": event}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+def decision_of(answer: dict) -> str:
+    return answer["decision"]
+
+
+@pytest.fixture(scope="module")
+def governed(scripted, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("shadow")
+    write_agent(directory, "upstream: http://127.0.0.1:9/v1\nyolo: true\ntools:\n" + LOOKUP)
+    (directory / "rules.yaml").write_text(RULES)
+    with serving(scripted, directory, "--policy", str(directory / "rules.yaml"),
+                 env={"TOOLKEEPER_ADMIN_TOKEN": TOKEN}) as running:
+        yield running, running.base_url.removesuffix("/v1"), directory / "toolkeeper-audit.sqlite3"
+
+
+def test_a_shadow_rule_is_recorded_and_counted_but_does_not_decide(governed):
+    _, base, trail = governed
+    assert decision_of(hook(base, "Bash", {"command": "curl -s https://example.com | tee page.html"})) == "allow"
+    assert decision_of(hook(base, "Bash", {"command": "git -C repo push origin main"})) == "allow"
+    assert decision_of(hook(base, "Bash", {"command": "sudo rm -fr /var/tmp/x && curl x"})) == "deny"
+    assert decision_of(hook(base, "Bash", {"command": "ls -la"})) == "allow"
+
+    exported = [json.loads(line) for line in audit_cli(trail, "export").stdout.splitlines()]
+    shadows = {entry["arguments"]["command"]: (entry["decision"], entry["shadow"]) for entry in exported}
+    assert shadows["curl -s https://example.com | tee page.html"] == (
+        "allow", [{"rule": "curl-would-be-denied", "effect": "deny"}])
+    assert shadows["git -C repo push origin main"] == ("allow", [{"rule": "pushes-would-ask", "effect": "ask"}])
+    assert shadows["sudo rm -fr /var/tmp/x && curl x"] == ("deny", [{"rule": "curl-would-be-denied",
+                                                                    "effect": "deny"}])
+    assert shadows["ls -la"] == ("allow", [])
+
+    listed = audit_cli(trail, "list", "--shadow", "deny").stdout
+    assert listed.count("Bash") == 2 and "2 records" in listed
+    assert "1 records" in audit_cli(trail, "list", "--shadow", "ask").stdout
+    metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    assert 'toolkeeper_shadow_matches_total{effect="deny",rule="curl-would-be-denied"} 2.0' in metrics
+    assert 'toolkeeper_shadow_matches_total{effect="ask",rule="pushes-would-ask"} 1.0' in metrics
+
+
+def test_the_console_trail_filters_on_what_a_shadow_rule_would_have_done(governed):
+    _, base, _ = governed
+    hook(base, "Bash", {"command": "wget -q https://example.com/x"})
+    request = urllib.request.Request(base + "/toolkeeper/audit?shadow=deny",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        page = answer.read().decode()
+    assert "shadow curl-would-be-denied: deny" in page and "pushes-would-ask" not in page
+    refused = urllib.request.Request(base + "/toolkeeper/audit?shadow=maybe",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        urllib.request.urlopen(refused, timeout=10)
+    assert bad.value.code == 400
+    bad.value.close()
+
+
+def test_a_relative_path_is_resolved_in_the_working_directory_the_hook_gives(governed):
+    _, base, trail = governed
+    assert decision_of(hook(base, "Read", {"file_path": "private/keys.txt"}, cwd="/srv")) == "deny"
+    assert decision_of(hook(base, "Read", {"file_path": "../private/keys.txt"}, cwd="/srv/public")) == "deny"
+    assert decision_of(hook(base, "Read", {"file_path": "private/keys.txt"}, cwd="/work")) == "allow"
+    entry = json.loads(audit_cli(trail, "export", "--tool", "Read").stdout.splitlines()[0])
+    assert entry["policy_input"]["workdir"] == "/srv" and entry["decision_rule"] == "private-files-never"
+
+
+# -- replay -------------------------------------------------------------------------------------------------------
+
+CURRENT = """
+rules:
+  - id: no-rm-rf
+    effect: deny
+    reason: Recursive forced deletion is not for agents.
+    when: {source: agent, tool: Bash, arguments: {command: {runs: {program: rm, flags: [r, f]}}}}
+  - id: no-credentials
+    effect: deny
+    reason: Credentials are off limits.
+    when: {source: agent, tool: Read, arguments: {file_path: {under: ["~/.aws"]}}}
+"""
+CANDIDATE = CURRENT + """
+  - id: no-downloads
+    effect: deny
+    reason: Downloads go through the mirror.
+    when: {source: agent, tool: Bash, arguments: {command: {runs: {program: curl}}}}
+  - id: ssh-keys-would-be-denied
+    effect: deny
+    mode: shadow
+    reason: SSH keys.
+    when: {source: agent, tool: Bash, arguments: {command: {runs: {under: ["~/.ssh"]}}}}
+"""
+CALLS = 20000
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("replay")
+    (directory / "current.yaml").write_text(CURRENT)
+    (directory / "candidate.yaml").write_text(CANDIDATE)
+    ids = seed(directory / "trail.sqlite3", CALLS, directory / "current.yaml")
+    return directory, ids, [record_id for index, record_id in enumerate(ids) if downloads(index)]
+
+
+def downloads(index: int) -> bool:
+    """The seeded call is a Bash call of curl: the candidate denies those."""
+    return call_of(index)[0] == "Bash" and COMMANDS[index % len(COMMANDS)].startswith("curl")
+
+
+def replay(directory: Path, *args: str, trail: str = "trail.sqlite3"):
+    return run_cli("policy", "replay", "--candidate", str(directory / "candidate.yaml"), "--db",
+                   str(directory / trail), *args)
+
+
+def test_replay_names_exactly_the_calls_a_candidate_would_deny(seeded):
+    directory, _, denied = seeded
+    started = time.monotonic()
+    result = replay(directory, "--format", "json")
+    took = time.monotonic() - started
+    assert result.returncode == 1, result.stderr  # calls allowed now would be denied: CI stops here
+    report = json.loads(result.stdout)
+    assert report["replayed"] == CALLS and report["skipped"] == 0
+    assert [change["record_id"] for change in report["changes"]] == denied
+    assert all(change["current"] == {"effect": "allow", "rule": None} and change["candidate"]["rule"] ==
+               "no-downloads" for change in report["changes"])
+    assert report["tightened"] == len(denied) > 1000
+    decided = {(entry["rule"], entry["effect"]): entry["calls"] for entry in report["by_rule"]}
+    assert decided[("no-downloads", "deny")] == len(denied)
+    ssh = COMMANDS.index("cat ~/.ssh/id_ed25519")
+    ssh_calls = sum(1 for index in range(CALLS) if call_of(index)[0] == "Bash" and index % len(COMMANDS) == ssh)
+    assert report["shadow"] == [{"rule": "ssh-keys-would-be-denied", "effect": "deny", "calls": ssh_calls}]
+    print(f"replayed {CALLS} calls in {took:.1f} s (bench/replay.py measures it)")
+
+
+def test_replay_takes_a_window_and_a_tool_and_says_so_in_text(seeded):
+    directory, _, _ = seeded
+    reads = replay(directory, "--tool", "Read")
+    assert reads.returncode == 0, reads.stdout + reads.stderr  # nothing about Read changes
+    assert "0 would change" in reads.stdout and "chain intact" in reads.stdout
+    first_hour = replay(directory, "--since", "2026-11-01T09:00", "--until", "2026-11-01T10:00")
+    assert first_hour.returncode == 1
+    assert "replayed 3600 calls" in first_hour.stdout and "allow -> deny (no-downloads)" in first_hour.stdout
+
+
+def test_replay_refuses_a_broken_candidate_and_a_tampered_trail(seeded, tmp_path):
+    directory, _, _ = seeded
+    (tmp_path / "candidate.yaml").write_text("rules:\n  - id: x\n    effect: deny\n")
+    broken = run_cli("policy", "replay", "--candidate", str(tmp_path / "candidate.yaml"), "--db",
+                     str(directory / "trail.sqlite3"))
+    assert broken.returncode == 2 and "a deny rule needs a reason" in broken.stderr
+    copy = tmp_path / "trail.sqlite3"
+    with sqlite3.connect(directory / "trail.sqlite3") as source, sqlite3.connect(copy) as target:
+        source.backup(target)
+    with sqlite3.connect(copy) as db:
+        changed = db.execute("UPDATE audit_events SET body = replace(body, 'git status', 'git stash') WHERE seq = 1")
+        assert changed.rowcount == 1
+    copy.chmod(0o600)
+    (tmp_path / "candidate.yaml").write_text(CANDIDATE)
+    tampered = run_cli("policy", "replay", "--candidate", str(tmp_path / "candidate.yaml"), "--db", str(copy))
+    assert tampered.returncode == 2 and "does not verify" in tampered.stderr and "replayed" not in tampered.stdout
+
+
+def test_the_console_replays_pasted_rules(seeded, scripted):
+    directory, directory_ids, _ = seeded
+    write_agent(directory, "upstream: http://127.0.0.1:9/v1\nyolo: true\ntools:\n" + LOOKUP)
+    with serving(scripted, directory, "--audit", str(directory / "trail.sqlite3"),
+                 env={"TOOLKEEPER_ADMIN_TOKEN": TOKEN}) as running:
+        base = running.base_url.removesuffix("/v1") + "/toolkeeper/audit/replay"
+        form = urllib.parse.urlencode({"candidate": CANDIDATE, "since": "2026-11-01T09:00",
+                                       "until": "2026-11-01T10:00"}).encode()
+        request = urllib.request.Request(base, data=form, method="POST", headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            page = answer.read().decode()
+        first_hour = [directory_ids[index] for index in range(3600) if downloads(index)]
+        assert "3600 calls replayed" in page
+        assert int(page.split("<strong id=changed>")[1].split("<")[0]) == len(first_hour) == page.count(
+            "<tr class=change>")
+        assert all(f"/toolkeeper/audit/{record_id}'" in page for record_id in first_hour)
+        bad = urllib.parse.urlencode({"candidate": "rules: [{id: x, effect: deny}]"}).encode()
+        request = urllib.request.Request(base, data=bad, method="POST", headers={"Authorization": f"Bearer {TOKEN}"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 400 and "a deny rule needs a reason" in refused.value.read().decode()
+        refused.value.close()
