@@ -64,6 +64,7 @@ class Process:
             said = self.stderr()
             self.stop()
             raise RuntimeError(f"{args} did not start: {line!r} {said}")
+        self.first_line = line  # what it said when it began listening
         self.url = line.split("http://", 1)[1].split()[0].rstrip("/")
         self.url = "http://" + self.url
 

@@ -136,6 +136,7 @@ class Metrics:
 
             MultiProcessCollector(self.registry, path=self.shared)
         self._capped: dict[str, Capped] = {}
+        self._seen: dict[tuple[str, ...], Any] = {}  # each series by its family and label values
         self._families = {name: self._family(client, name, family) for name, family in FAMILIES.items()}
         for effect, source in itertools.product(DECISION_EFFECTS, DECISION_SOURCES):
             self.expect("toolkeeper_decisions_total", effect=effect, source=source)
@@ -149,12 +150,17 @@ class Metrics:
         return client.Counter(name, family.help, family.labels, registry=registry)
 
     def _series(self, name: str, labels: dict[str, str]) -> Any:
-        family = self._families[name]
         if not labels:
-            return family
-        bounded = FAMILIES[name].bounded
-        return family.labels(*(self.bounded(label, labels[label]) if label in bounded else labels[label]
-                               for label in FAMILIES[name].labels))
+            return self._families[name]
+        key = (name, *labels.items())
+        series = self._seen.get(key)
+        if series is None:  # prometheus_client's labels() takes a lock and checks each value: once per series here
+            bounded = FAMILIES[name].bounded
+            series = self._families[name].labels(*(self.bounded(label, labels[label]) if label in bounded
+                                                   else labels[label] for label in FAMILIES[name].labels))
+            if not bounded:  # outside values are not kept here: there is no end to them
+                self._seen[key] = series
+        return series
 
     def bounded(self, label: str, value: str) -> str:
         """An outside value of `label`, as the page shows it: itself, or `other` past CAP distinct ones."""

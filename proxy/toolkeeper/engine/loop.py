@@ -67,6 +67,17 @@ class _Turn:
         for key, value in delta.items():
             self.text.setdefault(key, []).append(value)
 
+    def see_all(self, deltas: tuple[dict[str, str], ...]) -> None:
+        """What one read brought: mostly pieces of the answer's text, kept in one loop."""
+        text = self.text
+        for delta in deltas:
+            for key, value in delta.items():
+                pieces = text.get(key)
+                if pieces is None:
+                    text[key] = [value]
+                else:
+                    pieces.append(value)
+
     def say(self, text: str) -> Visible:
         """A message of toolkeeper's own, shown to the agent as part of the answer."""
         if self.text.get("content"):
@@ -185,7 +196,7 @@ class Engine:
             for observed in last.observed:
                 await self.hosted.observe(observed, context)
             answered = _Answered([], "", [])
-            async for event in self._answer(last, turn, discovery, active, offered):
+            async for event in self._answer(last, turn, discovery, active, offered) if last.tool_calls else _none():
                 if isinstance(event, _Answered):
                     answered = event
                 else:
@@ -259,8 +270,7 @@ class Engine:
                     self.metrics.count("toolkeeper_model_rounds_total")
                     self.metrics.observe("toolkeeper_upstream_seconds", time.monotonic() - started)
             else:
-                for delta in event.deltas:
-                    turn.see(delta)
+                turn.see_all(event.deltas)
             yield event
 
     async def _finish(self, turn: _Turn, last: Round, own: list[ToolCall], said: str = "") -> TurnResult:
@@ -272,6 +282,12 @@ class Engine:
             except StoreError as exc:  # the agent has its answer; its next request will miss this exchange
                 log.error("the hidden exchange of this turn could not be stored: %s", exc)
         return result
+
+
+async def _none() -> AsyncIterator[Working | _Answered]:
+    """A round with no calls: nothing to answer (no generator of `_answer` to start)."""
+    return
+    yield
 
 
 async def bounded_gather(calls: list[Awaitable[Outcome]]) -> list[Outcome]:

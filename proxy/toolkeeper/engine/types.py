@@ -7,6 +7,7 @@ the neutral form the engine and the history work in.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -148,13 +149,23 @@ class TurnContext:
     request_id: str = ""
     agent: str = ""  # a short hash of the credentials: for records and logs
     tenant: str = ""  # the full hash of the credentials: whose stored history this is
-    request_key: str = ""  # the credentials and the exact body: a retried request has the same
+    request_body: bytes = b""  # the exact body: with the credentials, the request's key (request_key)
     agent_header: str | None = None  # the identity header the deployment sets, if it names one
     api: str = "chat"  # which door the request came in by: chat | responses | messages | mcp | hook
     agent_revision: str = ""  # the agent file in force when the turn began (set by the engine)
     consent: Any = None  # a channel of the door's own (an MCP client's elicitation), asked instead of the configured
     workdir: str | None = None  # the agent's working directory, when its door says (a hook's cwd): paths resolve in it
     trace: RequestTrace | None = None  # the request's span, when tracing is on: its rounds' and calls' parent
+    _request_key: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def request_key(self) -> str:
+        """The credentials and the exact body, hashed: a retried request has the same. Worked out when a declared
+        call first asks (most turns have none, and a long conversation's body is megabytes)."""
+        if self._request_key is None:
+            self._request_key = hashlib.sha256(self.tenant.encode() + b"\x00" + self.request_body).hexdigest() \
+                if self.request_body else ""
+        return self._request_key
 
 
 def add_usage(total: dict[str, Any] | None, usage: dict[str, Any] | None) -> dict[str, Any] | None:

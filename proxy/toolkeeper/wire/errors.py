@@ -6,7 +6,7 @@
      ├── MalformedResponse   the server's answer is not of its API's shape (ValueError)      -> 502
      └── UpstreamFailed      the server ended its answer with a failure event                 -> 502 (529 overloaded)
 
-A model's `round` reads the server inside `upstream_failures()`, which turns
+A model's `round` reads the server inside `UpstreamFailures()`, which turns
 every foreign exception (aiohttp's, a timeout, a stream too large) into an
 `UpstreamError`, as httpx's `map_httpcore_exceptions()` does. An adapter
 answers one in its API's `ErrorShape`: OpenAI's for Chat Completions and
@@ -16,8 +16,6 @@ Responses, Anthropic's for Messages.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,24 +138,36 @@ def shape_of(path: str) -> ErrorShape:
     return ANTHROPIC if path.startswith(("/v1/messages", "/messages")) else OPENAI
 
 
-@contextmanager
-def upstream_failures(shape: ErrorShape = OPENAI) -> Iterator[None]:
-    """Every way a model server can fail one round, as the `UpstreamError` the agent gets."""
-    try:
-        yield
-    except UpstreamFailed as exc:
-        raise shape.failed(exc) from exc
-    except EventTooLarge as exc:
-        raise UpstreamError.ours(502, f"the model server sent {exc}", "upstream_too_large") from exc
-    except MalformedResponse as exc:
-        raise UpstreamError.ours(502, f"the model server sent a malformed response: {exc}",
-                                 "upstream_malformed") from exc
-    except TimeoutError as exc:
-        raise UpstreamError.ours(504, "the model server did not answer in time", "upstream_timeout") from exc
-    except aiohttp.ClientPayloadError as exc:
-        raise UpstreamError.ours(502, f"the model server broke off its response: {exc}") from exc
-    except aiohttp.ClientError as exc:
-        raise unreachable(exc) from exc
+class UpstreamFailures:
+    """Every way a model server can fail one round, as the `UpstreamError` the agent gets. A class, not a
+    generator: it is entered on every round, and costs nothing until something fails."""
+
+    def __init__(self, shape: ErrorShape = OPENAI):
+        self.shape = shape
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is not None:
+            mapped = self.failure(exc)
+            if mapped is not None:
+                raise mapped from exc
+
+    def failure(self, exc: BaseException) -> UpstreamError | None:
+        if isinstance(exc, UpstreamFailed):
+            return self.shape.failed(exc)
+        if isinstance(exc, EventTooLarge):
+            return UpstreamError.ours(502, f"the model server sent {exc}", "upstream_too_large")
+        if isinstance(exc, MalformedResponse):
+            return UpstreamError.ours(502, f"the model server sent a malformed response: {exc}", "upstream_malformed")
+        if isinstance(exc, TimeoutError):
+            return UpstreamError.ours(504, "the model server did not answer in time", "upstream_timeout")
+        if isinstance(exc, aiohttp.ClientPayloadError):
+            return UpstreamError.ours(502, f"the model server broke off its response: {exc}")
+        if isinstance(exc, aiohttp.ClientError):
+            return unreachable(exc)
+        return None
 
 
 def unreachable(exc: Exception) -> UpstreamError:

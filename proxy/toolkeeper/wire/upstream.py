@@ -2,13 +2,14 @@
 
 It knows no agent API: the adapters (`apis/`) say what to post and read the
 answer. A status other than 200 is the agent's answer as it came
-(`UpstreamError`); every other failure is mapped by `errors.upstream_failures`.
+(`UpstreamError`); every other failure is mapped by `errors.UpstreamFailures`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+import asyncio
+from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -59,7 +60,8 @@ class Upstream:
         self.session = session
         self.api_key = api_key
         self.read_timeout = read_timeout
-        self.timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10, sock_read=read_timeout)
+        # a new connection has sock_connect to open; no `connect`, which arms a timer on every request, pooled or not
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout)
 
     def url(self, path: str) -> str:
         return self.base_url + path
@@ -74,17 +76,32 @@ class Upstream:
         return {**forward_headers(agent_headers, self.api_key, key_header=key_header),
                 "Content-Type": "application/json"}
 
-    @asynccontextmanager
-    async def post(self, path: str, payload: bytes, headers: dict[str, str],
-                   query: str = "") -> AsyncIterator[aiohttp.ClientResponse]:
-        """One model request (the agent's query kept: Azure's api-version); its answer once the status is 200."""
+    def post(self, path: str, payload: bytes, headers: dict[str, str], query: str = "") -> Posted:
+        """One model request (the agent's query kept: Azure's api-version); its answer once the status is 200:
+        `async with upstream.post(...) as response`."""
         url = self.url(path) + (f"?{query}" if query else "")
         headers = with_trace(headers)  # tracing on: the model round's traceparent, so the server's spans join
-        async with self.session.post(url, data=payload, headers=headers, timeout=self.timeout) as response:
-            if response.status != 200:
-                raise UpstreamError(response.status, await response.read(),
-                                    response.headers.get("Content-Type", "application/json"))
-            yield response
+        return Posted(self.session.post(url, data=payload, headers=headers, timeout=self.timeout))
+
+
+class Posted:
+    """The answer of one model request, as an async context manager (a class: one round is one request, and a
+    generator-based manager would cost a generator and its frames on every one)."""
+
+    def __init__(self, request: Any):
+        self.request = request
+        self.response: aiohttp.ClientResponse | None = None
+
+    async def __aenter__(self) -> aiohttp.ClientResponse:
+        response = self.response = await self.request.__aenter__()
+        if response.status != 200:
+            body = await response.read()
+            await self.request.__aexit__(None, None, None)
+            raise UpstreamError(response.status, body, response.headers.get("Content-Type", "application/json"))
+        return response
+
+    async def __aexit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        await self.request.__aexit__(kind, exc, tb)
 
 
 def is_event_stream(response: aiohttp.ClientResponse) -> bool:
@@ -92,6 +109,10 @@ def is_event_stream(response: aiohttp.ClientResponse) -> bool:
 
 
 async def read_whole(response: aiohttp.ClientResponse) -> bytes:
+    length = response.content_length
+    if length is not None and length <= MAX_RESPONSE_BYTES and "Content-Encoding" not in response.headers:
+        # the usual answer: its length said and nothing to unpack, so no more than that is read
+        return await response.read()
     body = bytearray()
     async for data in response.content.iter_any():
         body += data
@@ -99,6 +120,22 @@ async def read_whole(response: aiohttp.ClientResponse) -> bytes:
             raise UpstreamError.ours(502, f"the model server's response is larger than "
                                           f"{MAX_RESPONSE_BYTES // 2**20} MiB", "upstream_too_large")
     return bytes(body)
+
+
+async def drained(response: aiohttp.ClientResponse, wait: float = 2.0, budget: int = 1 << 16) -> None:
+    """The rest of a body after its last event (`[DONE]`): usually only the end of the chunked encoding, read
+    so the connection goes back to the pool (released unread, aiohttp closes it, and the next round pays for a
+    new one). A server that keeps sending, or keeps the body open, is given up on: the connection is closed."""
+    content = response.content
+    if content.at_eof():
+        return
+    try:
+        async with asyncio.timeout(wait):
+            seen = 0
+            while not content.at_eof() and seen <= budget:
+                seen += len(await content.readany())
+    except (TimeoutError, aiohttp.ClientError):
+        pass
 
 
 UPSTREAM_KEY = web.AppKey("upstream", Upstream)  # the agent file's upstream, on the proxy app

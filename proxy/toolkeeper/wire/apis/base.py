@@ -11,7 +11,9 @@ status (`errors.py`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import itertools
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -47,15 +49,18 @@ Field = tuple[str, tuple[type, ...], str]
 
 
 def of_json_type(value: Any, kinds: tuple[type, ...]) -> bool:
-    if isinstance(value, bool):  # JSON's true is no number
-        return bool in kinds
-    return isinstance(value, kinds)
+    """A parsed JSON value is exactly one of dict, list, str, int, float, bool (never a subclass), so its type
+    is looked up, not walked: JSON's true is no number."""
+    return type(value) in kinds
 
 
 def field_problem(body: dict[str, Any], fields: tuple[Field, ...]) -> str | None:
     """The first field of `body` that has a value of the wrong type: what the 400 says of it."""
-    return next((problem for key, kinds, problem in fields
-                 if body.get(key) is not None and not of_json_type(body[key], kinds)), None)
+    for key, kinds, problem in fields:
+        value = body.get(key)
+        if value is not None and type(value) not in kinds:  # of_json_type, inline: this runs on every request
+            return problem
+    return None
 
 
 def first_problem(entries: Any, check: Callable[[dict[str, Any]], str | None], label: str, kind: str, *,
@@ -73,8 +78,20 @@ def first_problem(entries: Any, check: Callable[[dict[str, Any]], str | None], l
 
 def credentials_hash(headers: Any) -> str:
     """A hash of the agent's credentials: who the agent is, never the key itself."""
-    credential = headers.get("Authorization") or headers.get("api-key") or headers.get("x-api-key") or ""
+    return _tenant(headers.get("Authorization") or headers.get("api-key") or headers.get("x-api-key") or "")
+
+
+@functools.lru_cache(maxsize=1024)
+def _tenant(credential: str) -> str:  # an agent sends the same key on every request: hashed once
     return hashlib.sha256(b"toolkeeper-tenant\x00" + credential.encode()).hexdigest()
+
+
+_REQUEST_IDS = itertools.count(1)
+_PROCESS = secrets.token_hex(4)  # request ids: unique across processes, and no random bytes drawn per request
+
+
+def request_id() -> str:
+    return f"{_PROCESS}{next(_REQUEST_IDS):08x}"
 
 
 class AgentAPI:
@@ -180,10 +197,10 @@ class AgentAPI:
     def context(self, request: web.Request, raw: bytes) -> TurnContext:
         tenant = credentials_hash(request.headers)
         return TurnContext(
-            request_id=request.headers.get("X-Request-Id") or secrets.token_hex(8),
+            request_id=request.headers.get("X-Request-Id") or request_id(),
             agent=request.get(AGENT_NAME) or tenant[:16],
             tenant=tenant,
-            request_key=hashlib.sha256(tenant.encode() + b"\x00" + raw).hexdigest(),
+            request_body=raw,
             agent_header=request.headers.get(self.identity_header) if self.identity_header else None,
             api=self.api,
             trace=request.get(TRACE),

@@ -32,7 +32,7 @@ import aiohttp
 from toolkeeper.common import dumps
 from toolkeeper.engine import Round, TurnResult, Visible
 from toolkeeper.wire.apis.base import TurnWriter
-from toolkeeper.wire.errors import OPENAI, ErrorShape, MalformedResponse, json_object, upstream_failures
+from toolkeeper.wire.errors import OPENAI, ErrorShape, MalformedResponse, UpstreamFailures, json_object
 from toolkeeper.wire.sse import EventSplitter
 from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, is_event_stream, read_whole
 
@@ -197,7 +197,7 @@ class RelayingModel:
     async def round(self, body: dict[str, Any], *, hidden: frozenset[str],
                     previous: Round | None) -> AsyncIterator[Visible | Round]:
         payload = dumps(self.request(body, previous))
-        with upstream_failures(self.api.errors):
+        with UpstreamFailures(self.api.errors):
             async with self.upstream.post(self.api.path, payload, self.headers, self.query) as response:
                 if is_event_stream(response):
                     async for event in read_relayed(response, self.api.reader(hidden, previous)):

@@ -28,9 +28,21 @@ def check_request(body: dict[str, Any]) -> str | None:
         return "'stream_options.include_usage' must be true or false"
     if isinstance(body.get("n"), int) and body["n"] < 1:
         return "'n' must be at least 1"
-    return (first_problem(body.get("messages"), _check_message, "messages", "message",
-                          required="'messages' must be a non-empty list of messages")
+    messages = body.get("messages")
+    return ((None if _plain_messages(messages) else first_problem(
+                messages, _check_message, "messages", "message",
+                required="'messages' must be a non-empty list of messages"))
             or first_problem(tools or [], _check_tool, "tools", "tool") or field_problem(body, REQUEST_FIELDS))
+
+
+def _plain_messages(messages: Any) -> bool:
+    """The usual history, read in one loop: objects with a role, no calls (which _check_message reads)."""
+    if type(messages) is not list or not messages:
+        return False
+    for message in messages:
+        if type(message) is not dict or type(message.get("role")) is not str or "tool_calls" in message:
+            return False
+    return True
 
 
 # Request fields the engine reads: their JSON types (a bool is never taken for a number).

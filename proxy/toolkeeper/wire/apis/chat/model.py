@@ -16,9 +16,9 @@ import orjson
 from toolkeeper.common import dumps
 from toolkeeper.engine import Round, Visible
 from toolkeeper.wire.apis.chat.stream import VISIBLE_FIELDS, StreamAssembler, round_from_response
-from toolkeeper.wire.errors import MalformedResponse, UpstreamError, json_object, upstream_failures
+from toolkeeper.wire.errors import MalformedResponse, UpstreamError, UpstreamFailures, json_object
 from toolkeeper.wire.sse import EventSplitter
-from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, is_event_stream, read_whole
+from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, drained, is_event_stream, read_whole
 
 
 class ChatModel:
@@ -30,10 +30,10 @@ class ChatModel:
     async def round(self, body: dict[str, Any], *, hidden: frozenset[str] = frozenset(),
                     previous: Round | None = None) -> AsyncIterator[Visible | Round]:
         streaming = bool(body.get("stream"))
-        with upstream_failures():
+        with UpstreamFailures():
             async with self.upstream.post("/chat/completions", dumps(body), self.headers, self.query) as response:
                 if streaming and is_event_stream(response):
-                    async for event in _read_stream(response):
+                    async for event in _read_stream(response, first=previous is None):
                         yield event
                     return
                 # not streamed (or a server that ignored `stream`): one whole response
@@ -55,29 +55,26 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
     return parsed
 
 
-async def _read_stream(response: aiohttp.ClientResponse) -> AsyncIterator[Visible | Round]:
-    """Parse SSE as it arrives; what one network read brings is handed on together."""
+async def _read_stream(response: aiohttp.ClientResponse, first: bool = False) -> AsyncIterator[Visible | Round]:
+    """Parse SSE as it arrives; what one network read brings is handed on together. In the turn's first round,
+    each text event goes with its own bytes (`Visible.relay`), which the writer sends on as the server wrote
+    them."""
     assembler = StreamAssembler()
     events = EventSplitter(MAX_EVENT_BYTES)
     done = False
     async for data in response.content.iter_any():
-        visible: list[dict[str, str]] = []
-        broken: Exception | None = None
+        read = _Read(assembler, first)
         try:
-            for event in events.feed(data):
-                done, seen = _dispatch(event, assembler)
-                if done:
-                    break
-                if seen:
-                    visible.append(seen)
+            done = read.events(events.feed(data))
         except (UpstreamError, ValueError) as exc:  # a broken event (MalformedResponse, EventTooLarge)
-            broken = exc
+            read.broken = exc
         # what came before a broken event is the agent's, whatever the network's timing
-        if visible:
-            yield Visible(tuple(visible), assembler.head)
-        if broken is not None:
-            raise broken
+        if read.visible:
+            yield Visible(tuple(read.visible), assembler.head, tuple(read.relay) if first else ())
+        if read.broken is not None:
+            raise read.broken
         if done:
+            await drained(response)
             break
     last = events.rest()
     if last and not done:  # the last event, with no blank line after it
@@ -88,6 +85,74 @@ async def _read_stream(response: aiohttp.ClientResponse) -> AsyncIterator[Visibl
         raise UpstreamError.ours(502, "the model server's stream ended before the response was complete",
                                  "upstream_incomplete")
     yield assembler.finish()
+
+
+class _Read:
+    """The events of one network read: what the agent may see of them, and (first round) their own bytes."""
+
+    def __init__(self, assembler: StreamAssembler, first: bool):
+        self.assembler = assembler
+        self.first = first
+        self.visible: list[dict[str, str]] = []
+        self.relay: list[bytes | None] = []
+        self.broken: Exception | None = None
+
+    def events(self, events: list[bytes]) -> bool:
+        """Read them in one loop (most are one piece of text: parsed once, checked inline); True at [DONE]."""
+        assembler, visible, relay = self.assembler, self.visible, self.relay
+        texts = assembler.texts("content")
+        for event in events:
+            if event.startswith(b'data: {"') and b"\n" not in event and assembler.head:
+                try:
+                    chunk = orjson.loads(event[6:])
+                except orjson.JSONDecodeError:
+                    chunk = json_object(event[6:], "a stream event")  # raises, saying what is wrong
+                if type(chunk) is not dict:
+                    json_object(event[6:], "a stream event")  # raises: not an object
+                text = _text_of(chunk)
+                if text is not None:
+                    if text:
+                        texts.append(text)
+                        visible.append({"content": text})
+                        relay.append(event + b"\n\n" if _relayable(event) else None)
+                    continue
+                done, seen = False, _fed(chunk, assembler)
+            else:
+                done, seen = _dispatch(event, assembler)
+            if done:
+                return True
+            if seen:
+                visible.append(seen)
+                relay.append(None)
+        return False
+
+
+def _relayable(event: bytes) -> bool:
+    """An event whose own bytes may go to the agent: no call anywhere in it, and one `choices`. A parser that
+    keeps the first of two equal keys (toolkeeper's, like most, keeps the last) could read a call hidden in a
+    repeated key; such an event is sent as toolkeeper read it instead."""
+    return b'"tool_calls"' not in event and b'"function_call"' not in event and event.count(b'"choices"') == 1
+
+
+def _text_of(chunk: dict[str, Any]) -> str | None:
+    """The text of a chunk that carries only that: one choice, no finish, no usage, no error (None: any other)."""
+    choices = chunk.get("choices")
+    if type(choices) is not list or len(choices) != 1 or chunk.get("usage") is not None or "error" in chunk:
+        return None
+    choice = choices[0]
+    if type(choice) is not dict or choice.get("finish_reason") is not None:
+        return None
+    delta = choice.get("delta")
+    if type(delta) is not dict or len(delta) != 1:
+        return None
+    text = delta.get("content")
+    return text if type(text) is str else None
+
+
+def _fed(chunk: dict[str, Any], assembler: StreamAssembler) -> dict[str, str] | None:
+    if chunk.get("error"):
+        raise UpstreamError(502, orjson.dumps({"error": chunk["error"]}))  # the server's own error, as it came
+    return assembler.feed(chunk)
 
 
 def _dispatch(event: bytes, assembler: StreamAssembler) -> tuple[bool, dict[str, str] | None]:
@@ -102,7 +167,4 @@ def _dispatch(event: bytes, assembler: StreamAssembler) -> tuple[bool, dict[str,
         data = b"\n".join(lines)
     if data.strip() == b"[DONE]":
         return True, None
-    chunk = json_object(data, "a stream event")
-    if chunk.get("error"):
-        raise UpstreamError(502, orjson.dumps({"error": chunk["error"]}))  # the server's own error, as it came
-    return False, assembler.feed(chunk)
+    return False, _fed(json_object(data, "a stream event"), assembler)

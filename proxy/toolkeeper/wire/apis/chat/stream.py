@@ -53,6 +53,26 @@ def check_calls(calls: Any, where: str) -> list[dict[str, Any]]:
 
 def check_choice(body: dict[str, Any], inner: str) -> dict[str, Any]:
     """The first choice of a response or chunk, its `inner` part (message, delta) checked; usage checked."""
+    plain = _plain_choice(body, inner)
+    return plain if plain is not None else _checked_choice(body, inner)
+
+
+def _plain_choice(body: dict[str, Any], inner: str) -> dict[str, Any] | None:
+    """Most answers: one choice, with no call of any kind, every field of the type it should be: read without
+    the field-by-field walk (None: walk it, and say what is wrong)."""
+    choices, usage = body.get("choices"), body.get("usage")
+    if type(choices) is not list or len(choices) != 1 or (usage is not None and type(usage) is not dict):
+        return None
+    choice = choices[0]
+    if type(choice) is not dict:
+        return None
+    part, finish = choice.get(inner), choice.get("finish_reason")
+    if type(part) is not dict or (finish is not None and type(finish) is not str):
+        return None
+    return choice if part.get("tool_calls") is None and part.get("function_call") is None else None
+
+
+def _checked_choice(body: dict[str, Any], inner: str) -> dict[str, Any]:
     _expect(body.get("usage"), (dict,), "usage")
     choices = _expect(body.get("choices"), (list,), "choices") or []
     if not choices:
@@ -163,6 +183,10 @@ class StreamAssembler:
                 self.message[key] = value
         return visible or None
 
+    def texts(self, key: str) -> list[str]:
+        """The pieces of a text field so far, to append to (a stream's usual chunk carries one piece of text)."""
+        return self._text.setdefault(key, [])
+
     def _feed_call(self, delta: dict[str, Any]) -> None:
         index = delta.get("index", 0)
         call_id = delta.get("id")
@@ -207,16 +231,17 @@ def round_from_response(raw: bytes, body: dict[str, Any]) -> Round:
     choice = check_choice(body, "message")
     message = dict(choice.get("message") or {})
     message.pop("role", None)
-    calls = []
+    calls: list[ToolCall] = []
     normalized = False
-    for entry in message.pop("tool_calls", None) or []:
+    for entry in message.pop("tool_calls", None) or ():
         function = entry.get("function") or {}
         arguments = function.get("arguments")
         normalized |= isinstance(arguments, dict)
         extra = {k: v for k, v in entry.items() if k not in ("index", "id", "type", "function")}
         calls.append(ToolCall(entry.get("id"), function.get("name") or "", arguments, extra))
-    normalized |= _fix_ids(calls, body.get("id"))
-    normalized |= bool(calls) and choice.get("finish_reason") not in ("tool_calls", "length")
+    if calls:
+        normalized |= _fix_ids(calls, body.get("id"))
+        normalized |= choice.get("finish_reason") not in ("tool_calls", "length")
     head = {key: body[key] for key in HEAD_FIELDS if key in body}
     return Round(head, message, calls, choice.get("finish_reason"), body.get("usage"), raw=raw, normalized=normalized)
 

@@ -22,6 +22,7 @@ from toolkeeper.wire.apis.base import TurnWriter
 from toolkeeper.wire.errors import UpstreamError
 
 DONE = b"data: [DONE]\n\n"
+HEAD = ("id", "created", "model")  # a round's head with these: its events' envelope is the turn's
 
 
 def _head(result_head: dict[str, Any] | None, request: dict[str, Any]) -> dict[str, Any]:
@@ -68,7 +69,18 @@ class StreamWriter(TurnWriter):
 
     async def visible(self, event: Visible) -> None:
         self.head = self.head or _head(event.head, self.body)
+        if event.relay and event.head and all(key in event.head for key in HEAD):
+            # the first round's text, as the server wrote it: its id, created and model are the turn's
+            await self.write(b"".join(self._relayed(raw, delta) for raw, delta in zip(event.relay, event.deltas,
+                                                                                     strict=True)))
+            return
         await self.write(b"".join(self._chunk(delta) for delta in event.deltas))
+
+    def _relayed(self, raw: bytes | None, delta: dict[str, Any]) -> bytes:
+        if raw is None:
+            return self._chunk(delta)
+        # the role comes first, in a chunk of its own (as OpenAI sends it), when no chunk of ours carried it
+        return raw if self.role_sent else self._chunk({"content": ""}) + raw
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         if not self.role_sent:
