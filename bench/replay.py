@@ -31,30 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from trails import seed  # noqa: E402  (the tests' seeding, so bench and test replay the same trail)
-
-CURRENT = """
-rules:
-  - id: no-rm-rf
-    effect: deny
-    reason: Recursive forced deletion is not for agents.
-    when: {source: agent, tool: Bash, arguments: {command: {runs: {program: rm, flags: [r, f]}}}}
-  - id: no-credentials
-    effect: deny
-    reason: Credentials are off limits.
-    when: {source: agent, tool: Read, arguments: {file_path: {under: ["~/.aws"]}}}
-"""
-CANDIDATE = CURRENT + """
-  - id: no-downloads
-    effect: deny
-    reason: Downloads go through the mirror.
-    when: {source: agent, tool: Bash, arguments: {command: {runs: {program: [curl, wget]}}}}
-  - id: ssh-keys-would-be-denied
-    effect: deny
-    mode: shadow
-    reason: SSH keys.
-    when: {source: agent, tool: Bash, arguments: {command: {runs: {under: ["~/.ssh"]}}}}
-"""
+from trails import CANDIDATE_RULES, CURRENT_RULES, seed  # noqa: E402  (the tests' seeding, so bench and test replay the same trail)
 
 
 def timed(*args: str) -> float:
@@ -75,8 +52,8 @@ def main() -> None:
     calls, rounds = (2000, 1) if args.quick else (args.calls, args.rounds)
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        (folder / "current.yaml").write_text(CURRENT)
-        (folder / "candidate.yaml").write_text(CANDIDATE)
+        (folder / "current.yaml").write_text(CURRENT_RULES)
+        (folder / "candidate.yaml").write_text(CANDIDATE_RULES)
         started = time.monotonic()
         seed(folder / "trail.sqlite3", calls, folder / "current.yaml")
         print(f"seeded {calls} calls in {time.monotonic() - started:.1f} s")

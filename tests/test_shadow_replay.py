@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import LOOKUP, audit_cli, run_cli, serving, write_agent
-from trails import COMMANDS, call_of, seed
+from trails import CANDIDATE_RULES, COMMANDS, CURRENT_RULES, call_of, seed
 
 RULES = """
 rules:
@@ -119,36 +119,14 @@ def test_a_relative_path_is_resolved_in_the_working_directory_the_hook_gives(gov
 
 # -- replay -------------------------------------------------------------------------------------------------------
 
-CURRENT = """
-rules:
-  - id: no-rm-rf
-    effect: deny
-    reason: Recursive forced deletion is not for agents.
-    when: {source: agent, tool: Bash, arguments: {command: {runs: {program: rm, flags: [r, f]}}}}
-  - id: no-credentials
-    effect: deny
-    reason: Credentials are off limits.
-    when: {source: agent, tool: Read, arguments: {file_path: {under: ["~/.aws"]}}}
-"""
-CANDIDATE = CURRENT + """
-  - id: no-downloads
-    effect: deny
-    reason: Downloads go through the mirror.
-    when: {source: agent, tool: Bash, arguments: {command: {runs: {program: curl}}}}
-  - id: ssh-keys-would-be-denied
-    effect: deny
-    mode: shadow
-    reason: SSH keys.
-    when: {source: agent, tool: Bash, arguments: {command: {runs: {under: ["~/.ssh"]}}}}
-"""
 CALLS = 20000
 
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory):
     directory = tmp_path_factory.mktemp("replay")
-    (directory / "current.yaml").write_text(CURRENT)
-    (directory / "candidate.yaml").write_text(CANDIDATE)
+    (directory / "current.yaml").write_text(CURRENT_RULES)
+    (directory / "candidate.yaml").write_text(CANDIDATE_RULES)
     ids = seed(directory / "trail.sqlite3", CALLS, directory / "current.yaml")
     return directory, ids, [record_id for index, record_id in enumerate(ids) if downloads(index)]
 
@@ -206,7 +184,7 @@ def test_replay_refuses_a_broken_candidate_and_a_tampered_trail(seeded, tmp_path
         changed = db.execute("UPDATE audit_events SET body = replace(body, 'git status', 'git stash') WHERE seq = 1")
         assert changed.rowcount == 1
     copy.chmod(0o600)
-    (tmp_path / "candidate.yaml").write_text(CANDIDATE)
+    (tmp_path / "candidate.yaml").write_text(CANDIDATE_RULES)
     tampered = run_cli("policy", "replay", "--candidate", str(tmp_path / "candidate.yaml"), "--db", str(copy))
     assert tampered.returncode == 2 and "does not verify" in tampered.stderr and "replayed" not in tampered.stdout
 
@@ -217,7 +195,7 @@ def test_the_console_replays_pasted_rules(seeded, scripted):
     with serving(scripted, directory, "--audit", str(directory / "trail.sqlite3"),
                  env={"TOOLKEEPER_ADMIN_TOKEN": TOKEN}) as running:
         base = running.base_url.removesuffix("/v1") + "/toolkeeper/audit/replay"
-        form = urllib.parse.urlencode({"candidate": CANDIDATE, "since": "2026-11-01T09:00",
+        form = urllib.parse.urlencode({"candidate": CANDIDATE_RULES, "since": "2026-11-01T09:00",
                                        "until": "2026-11-01T10:00"}).encode()
         request = urllib.request.Request(base, data=form, method="POST", headers={"Authorization": f"Bearer {TOKEN}"})
         with urllib.request.urlopen(request, timeout=60) as answer:

@@ -21,6 +21,29 @@ COMMANDS = ("git status", "ls -la src", "pytest -q tests", "curl -s https://exam
             "sudo rm -rf /var/cache/x", "cat ~/.ssh/id_ed25519")
 PATHS = ("/work/project/src/app.py", "/work/project/README.md", "/home/me/.aws/credentials", "/etc/hosts")
 START = datetime(2026, 11, 1, 9, 0).astimezone()
+# The rules the trail is decided by, and a candidate that denies one tool's argument (curl) and shadows another.
+CURRENT_RULES = """
+rules:
+  - id: no-rm-rf
+    effect: deny
+    reason: Recursive forced deletion is not for agents.
+    when: {source: agent, tool: Bash, arguments: {command: {runs: {program: rm, flags: [r, f]}}}}
+  - id: no-credentials
+    effect: deny
+    reason: Credentials are off limits.
+    when: {source: agent, tool: Read, arguments: {file_path: {under: ["~/.aws"]}}}
+"""
+CANDIDATE_RULES = CURRENT_RULES + """
+  - id: no-downloads
+    effect: deny
+    reason: Downloads go through the mirror.
+    when: {source: agent, tool: Bash, arguments: {command: {runs: {program: curl}}}}
+  - id: ssh-keys-would-be-denied
+    effect: deny
+    mode: shadow
+    reason: SSH keys.
+    when: {source: agent, tool: Bash, arguments: {command: {runs: {under: ["~/.ssh"]}}}}
+"""
 
 
 def call_of(index: int) -> tuple[str, dict, str]:

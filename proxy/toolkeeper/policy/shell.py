@@ -145,10 +145,7 @@ class _Walk:
                 continue
             target, kind, words = self._redirect(child)
             extra.extend(words)
-            if kind == "write":
-                writes.append(target)
-            elif kind == "script":
-                stdin, fed = target, target is None or fed
+            stdin, fed = _redirected(kind, target, writes, stdin, fed)
         if body is not None:
             self._redirect_into(body, context, _Context(tuple(writes), stdin, fed), extra)
 
@@ -226,10 +223,7 @@ class _Walk:
             elif child.type in ("file_redirect", "herestring_redirect", "heredoc_redirect"):
                 target, kind, more = self._redirect(child)
                 words.extend(more)
-                if kind == "write":
-                    writes.append(target)
-                elif kind == "script":
-                    stdin, fed = target, target is None or fed
+                stdin, fed = _redirected(kind, target, writes, stdin, fed)
             elif child.is_named:
                 self._nested(child)
                 words.extend(words_of(child.named_children[0] if child.type == "command_name" else child))
@@ -251,6 +245,17 @@ class _Walk:
                     return
                 continue
             stack.extend(found.children)
+
+
+def _redirected(kind: str, target: str | None, writes: list[str | None], stdin: str | None,
+                fed: bool) -> tuple[str | None, bool]:
+    """One redirection's effect: a file written to joins `writes`; a script fed to the input replaces it (a
+    script toolkeeper cannot read leaves the command fed what it cannot see)."""
+    if kind == "write":
+        writes.append(target)
+    elif kind == "script":
+        return target, target is None or fed
+    return stdin, fed
 
 
 def _text(node: Node) -> str:
