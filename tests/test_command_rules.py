@@ -191,3 +191,20 @@ def test_a_local_shell_argv_is_allowed_by_its_program(tmp_path):
     assert on_argv(rules, ["timeout", "5", "git", "status"]).effect == "allow"
     assert on_argv(rules, ["bash", "-lc", "git status && rm -rf /"]) is None
     assert on_argv(rules, ["sudo", "git", "status"]) is None  # sudo is not transparent
+
+
+def test_a_declared_tools_argv_is_read_as_the_commands_it_runs(tmp_path):
+    """`argv: {runs: ...}`: a declared tool whose argv starts a shell or a wrapper is matched on what it runs."""
+    path = tmp_path / "argv.yaml"
+    path.write_text(yaml.safe_dump({"rules": [{
+        "id": "no-deletes", "effect": "deny", "reason": "this tool must not delete",
+        "when": {"tool": "maintenance", "argv": {"runs": {"program": "rm"}}}}]}))
+    rules = load_rules(path)
+
+    def decided(argv: list[str]):
+        return rules.decide(policy_input("maintenance", {}, argv, source="declared"))
+
+    assert decided(["bash", "-c", "cd /srv && rm -r cache"]).rule_id == "no-deletes"
+    assert decided(["timeout", "30", "env", "A=1", "/bin/rm", "x"]).rule_id == "no-deletes"
+    assert decided(["bash", "-c", "$(cat cmd)"]).effect == "deny"  # unresolvable: fails closed
+    assert decided(["/usr/bin/du", "-sh", "/srv/cache"]) is None

@@ -44,8 +44,11 @@ def blocks(page: Path) -> tuple[dict[str, str], list[str], list[str]]:
 
 def stop_group(group: int) -> None:
     """SIGTERM to every process of the group, then wait until none is left (SIGKILL past 15 s): the next page
-    binds the same ports."""
-    os.killpg(group, signal.SIGTERM)
+    binds the same ports. A group that has already gone is done."""
+    try:
+        os.killpg(group, signal.SIGTERM)
+    except ProcessLookupError:
+        return
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:
