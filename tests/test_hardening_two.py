@@ -168,3 +168,25 @@ def test_healthz_names_no_tool_and_the_admin_api_does(audited):
         urllib.request.urlopen(request, timeout=10)
     assert refused.value.code == 401
     refused.value.close()
+
+
+def test_a_streamed_event_that_could_hide_a_call_is_never_relayed_as_it_came():
+    """A first round's text events go to the agent as the server's bytes, unless another parser could read a
+    call in them that toolkeeper did not: a key spelled with an escape, in another case, or given twice."""
+    from toolkeeper.wire.apis.chat.model import _Read
+    from toolkeeper.wire.apis.chat.stream import StreamAssembler
+
+    head = b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,' \
+           b'"delta":{"role":"assistant","content":""},"finish_reason":null}]}'
+    plain = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}'
+    call = b'[{"index":0,"id":"x","function":{"name":"Bash","arguments":"{}"}}]'
+    hidden = [
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"tool\\u005fcalls":' + call + b'},"delta":{"content":"hi"}}]}',
+        b'data: {"id":"c","choices":[{"index":0,"Delta":{"Tool_Calls":' + call + b'},"delta":{"content":"hi"}}]}',
+        b'data: {"Choices":[{"delta":{"tool_calls":' + call + b'}}],"choices":[{"index":0,"delta":{"content":"hi"}}]}',
+    ]
+    read = _Read(StreamAssembler(), first=True)
+    read.events([head, plain, *hidden])
+    assert read.visible[-4:] == [{"content": "hi"}] * 4  # what toolkeeper read of each: text, and no call
+    assert read.relay[-4] == plain + b"\n\n"  # the usual event goes as it came
+    assert read.relay[-3:] == [None, None, None]  # the others as toolkeeper read them

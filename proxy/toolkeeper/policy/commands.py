@@ -16,56 +16,23 @@ What toolkeeper cannot know (a program from a variable or a substitution,
 from __future__ import annotations
 
 import posixpath
-import shlex
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from toolkeeper.policy.shell import SimpleCommand, parse_script
+from toolkeeper.policy.wrappers import (
+    WRAPPERS,
+    Wrapper,
+    command_option,
+    split_string,
+    splits,
+    stops,
+    takes_value,
+)
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh", "rbash", "fish", "csh", "tcsh"})
 STDIN_FILES = frozenset({"/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"})  # a script file that is the input
 MAX_DEPTH = 8
-
-
-@dataclass(frozen=True)
-class Wrapper:
-    """A program that runs another: its options that take a value, and the operands it reads before it."""
-
-    valued: frozenset[str] = frozenset()
-    operands: int = 0  # timeout's duration, chroot's root, taskset's mask
-    transparent: bool = True  # an allow rule looks through it (sudo, su and chroot change who or where: not)
-    stops: frozenset[str] = frozenset()  # options after which nothing runs (`command -v`)
-
-
-def _w(valued: str = "", operands: int = 0, transparent: bool = True, stops: str = "") -> Wrapper:
-    return Wrapper(frozenset(valued.split()), operands, transparent, frozenset(stops.split()))
-
-
-WRAPPERS: dict[str, Wrapper] = {
-    "env": _w("-u --unset -C --chdir -S --split-string -P --default-signal --ignore-signal --block-signal"),
-    "sudo": _w("-u --user -g --group -C --close-from -D --chdir -h --host -p --prompt -r --role -t --type "
-               "-T --command-timeout -U --other-user -R --chroot", transparent=False, stops="-l --list -v -V -e"),
-    "doas": _w("-u -C", transparent=False),
-    "pkexec": _w("--user", transparent=False),
-    "runuser": _w("-u --user -g --group -G --supp-group -s --shell", transparent=False),
-    "chroot": _w("--userspec --groups", operands=1, transparent=False),
-    "nohup": _w(), "time": _w("-f --format -o --output"), "builtin": _w(), "coproc": _w(), "unbuffer": _w(),
-    "command": _w(stops="-v -V"),
-    "exec": _w("-a"),
-    "nice": _w("-n --adjustment"),
-    "timeout": _w("-s --signal -k --kill-after", operands=1),
-    "stdbuf": _w("-i --input -o --output -e --error"),
-    "setsid": _w(), "ionice": _w("-c --class -n --classdata -p --pid -P --pgid -u --uid"),
-    "taskset": _w(operands=1), "busybox": _w(),
-    "xargs": _w("-a --arg-file -d --delimiter -E -e -I -L -l -n --max-args -P --max-procs -s --max-chars "
-                "--process-slot-var"),
-    "flock": _w("-w --timeout -E --conflict-exit-code", operands=1),
-    "watch": _w("-n --interval -d --differences -q --equexit"),
-    "chrt": _w("-T --sched-runtime -P --sched-period -D --sched-deadline", operands=1),
-    "nsenter": _w("-t --target -S --setuid -G --setgid", transparent=False),
-    "unshare": _w("--map-user --map-group --setuid --setgid --wd --root --propagation", transparent=False),
-    "strace": _w("-o -e -p -s -u -a -b -E -I -O -P -S -X"), "ltrace": _w("-o -e -p -s -u -a -n -A -D -F -l -L"),
-}
 
 
 @dataclass(frozen=True)
@@ -77,6 +44,7 @@ class Command:
     via: str = ""  # how it was found, for reasons: "sudo", "bash -c", "find -exec"
     moved: tuple[str | None, ...] = ()  # where `cd` went earlier in the line (None: somewhere known at run time):
     #                                     its relative paths may be from there as well as from the working directory
+    reads: tuple[str | None, ...] = ()  # files redirected to its input
 
     @property
     def program(self) -> str | None:
@@ -153,25 +121,25 @@ def _simple(simple: SimpleCommand, out: _Found, depth: int, via: str) -> None:
     if program not in ("[", "[[") and any(ch in program for ch in "*?["):
         out.unresolved.append(f"the program {program!r} is a pattern the shell expands")
         return
-    command = Command(tuple(words), simple.writes, via=via)
+    command = Command(tuple(words), simple.writes, via=via, reads=simple.reads)
     if program in ("{", "(", "}", ")"):  # `time { ...; }`: tree-sitter leaves the group's braces among the words
-        _simple(SimpleCommand(tuple(words[1:]), simple.writes, simple.stdin, simple.fed), out, depth, via)
+        _simple(replace(simple, words=tuple(words[1:])), out, depth, via)
     elif name == "eval":
         out.commands.append(command)
         out.unresolved.append("eval runs a string built at run time")
     elif name in SHELLS:
         _shell(command, simple, out, depth)
+    elif name in ("su", "script") or (name == "runuser" and any(command_option(w) for w in words[1:])):
+        _su(command, simple, out, depth)  # su -c CMD, script -c CMD, runuser USER -c CMD: run by a shell
     elif name in WRAPPERS:
         _wrapper(name, command, simple, out, depth)
-    elif name in ("su", "script"):  # su -c CMD, script -c CMD: a command line run by a shell
-        _su(command, simple, out, depth)
     elif name == "find":
         _find(command, out, depth)
     elif name in ("source", "."):
         out.commands.append(command)
         _script_file(words[1] if len(words) > 1 else None, name, simple, out, depth)
     elif name in ("trap", "mapfile", "readarray"):  # trap ACTION SIGNALS, mapfile -C CALLBACK: shell code
-        out.commands.append(Command(command.argv, command.writes, transparent=True, via=via))
+        out.commands.append(replace(command, transparent=True))
         if name == "trap":
             action = next((w for w in words[1:] if w is None or not w.startswith("-")), "")
         else:
@@ -181,7 +149,7 @@ def _simple(simple: SimpleCommand, out: _Found, depth: int, via: str) -> None:
         elif action:
             _script(action, out, depth + 1, name)
     elif name == "alias":
-        out.commands.append(Command(command.argv, command.writes, transparent=True, via=via))
+        out.commands.append(replace(command, transparent=True))
         for word in words[1:]:
             if word is None:
                 out.unresolved.append("an alias whose value is known only at run time")
@@ -203,10 +171,16 @@ def _shell(command: Command, simple: SimpleCommand, out: _Found, depth: int) -> 
             args = args[1:]
         elif arg == "--":
             break
+        elif arg.startswith(("--command", "--init-command", "--comm")):  # fish's (and its abbreviations)
+            script = arg.partition("=")[2] if "=" in arg else (args.pop(0) if args else None)
+            if script is None:
+                out.unresolved.append("a shell's --command known only at run time")
+            else:
+                _script(script, out, depth + 1, f"{command.program} --command")
         elif arg.startswith("--"):
             continue
         elif arg[:1] in "-+" and len(arg) > 1:
-            script_next = script_next or "c" in arg[1:]
+            script_next = script_next or "c" in arg[1:] or (command.program == "fish" and "C" in arg[1:])
             reads_input = reads_input or "s" in arg[1:]
         else:
             args.insert(0, arg)
@@ -214,7 +188,7 @@ def _shell(command: Command, simple: SimpleCommand, out: _Found, depth: int) -> 
     name = command.program
     runs_a_file = bool(args) and not script_next and not reads_input and args[0] not in STDIN_FILES
     # the shell is looked through when it runs a script toolkeeper reads; running a file, it is the program
-    out.commands.append(Command(command.argv, command.writes, transparent=not runs_a_file, via=command.via))
+    out.commands.append(replace(command, transparent=not runs_a_file))
     if script_next:
         script = args[0] if args else None
         if script is None:
@@ -240,26 +214,29 @@ def _script_file(path: str | None, name: str, simple: SimpleCommand, out: _Found
 
 def _wrapper(name: str, command: Command, simple: SimpleCommand, out: _Found, depth: int) -> None:
     wrapper = WRAPPERS[name]
-    out.commands.append(Command(command.argv, command.writes, transparent=wrapper.transparent, via=command.via))
+    out.commands.append(replace(command, transparent=wrapper.transparent))
     args = list(command.argv[1:])
-    if name == "watch" or (name == "flock" and "-c" in args):
+    if name == "watch":
         _script_of_words(name, args, wrapper, out, depth)
         return
     inner = _after_options(name, args, wrapper, out)
     if inner is None:
+        return
+    if name == "flock" and inner[:1] in (["-c"], ["--command"]):  # flock FILE -c COMMAND: run by sh -c
+        _script_of_words(name, inner, wrapper, out, depth)
         return
     if name == "coproc" and len(inner) > 1 and inner[1] in ("{", "("):
         inner = inner[1:]  # coproc NAME { ...; }: the name is the coprocess's, not a program
     if name == "xargs" and not inner:
         inner = ["echo"]
     via = f"{command.via} {name}".strip()
-    nested = SimpleCommand(tuple(inner), simple.writes, simple.stdin, simple.fed)
+    nested = replace(simple, words=tuple(inner))
     before = len(out.commands)
     _simple(nested, out, depth + 1, via)
     if name == "xargs":  # xargs appends what it reads: the command's arguments are not all known
         for index in range(before, len(out.commands)):
             found = out.commands[index]
-            out.commands[index] = Command(found.argv, found.writes, found.transparent, True, found.via)
+            out.commands[index] = replace(found, open_arguments=True)
 
 
 def _after_options(name: str, args: list[str | None], wrapper: Wrapper, out: _Found) -> list[str | None] | None:
@@ -277,19 +254,14 @@ def _after_options(name: str, args: list[str | None], wrapper: Wrapper, out: _Fo
             break
         if name == "env" and "=" in arg and not arg.startswith("-"):
             args.pop(0)
-        elif name == "env" and (arg in ("-S", "--split-string") or arg.startswith(("--split-string=", "-S"))):
+        elif name == "env" and splits(arg):
             args.pop(0)
-            value = arg[2:] if arg.startswith("-S") and len(arg) > 2 else (
-                args.pop(0) if "=" not in arg and args else arg.partition("=")[2])
-            if value is None:
-                out.unresolved.append("env -S splits a string known only at run time")
-                return None
-            return [*shlex.split(value), *args]
+            return split_string(arg, args, out.unresolved)
         elif arg.startswith("-") and len(arg) > 1 and operands == wrapper.operands:
-            if _stops(arg, wrapper):
+            if stops(arg, wrapper):
                 return None
             args.pop(0)
-            if _takes_value(arg, wrapper) and args:
+            if takes_value(arg, wrapper) and args:
                 args.pop(0)
         elif operands > 0:
             args.pop(0)
@@ -299,30 +271,10 @@ def _after_options(name: str, args: list[str | None], wrapper: Wrapper, out: _Fo
     return args
 
 
-def _stops(option: str, wrapper: Wrapper) -> bool:
-    if option in wrapper.stops:
-        return True
-    return not option.startswith("--") and any(f"-{letter}" in wrapper.stops for letter in option[1:])
-
-
-def _takes_value(option: str, wrapper: Wrapper) -> bool:
-    """The next word is this option's value: `-u` or `--user`, or a group of short options whose last takes one
-    (`sudo -iu root`); `-uroot` and `--user=root` carry theirs."""
-    if option in wrapper.valued or option.startswith("--"):
-        return option in wrapper.valued
-    for index, letter in enumerate(option[1:]):
-        if f"-{letter}" in wrapper.valued:
-            return index == len(option) - 2
-    return False
-
-
 def _script_of_words(name: str, args: list[str | None], wrapper: Wrapper, out: _Found, depth: int) -> None:
     """`watch CMD ARGS` and `flock FILE -c CMD`: the words joined and run by `sh -c`."""
-    if name == "flock":
-        index = args.index("-c")
-        words = args[index + 1:index + 2]
-    else:
-        words = _after_options(name, args, _w(" ".join(wrapper.valued)), out) or []
+    # flock: the words after -c; watch: its words after its own options
+    words = args[1:2] if name == "flock" else _after_options(name, args, wrapper, out) or []
     if any(word is None for word in words):
         out.unresolved.append(f"{name} runs a command known only at run time")
     elif words:
@@ -331,12 +283,11 @@ def _script_of_words(name: str, args: list[str | None], wrapper: Wrapper, out: _
 
 def _su(command: Command, simple: SimpleCommand, out: _Found, depth: int) -> None:
     name = command.program
-    out.commands.append(Command(command.argv, command.writes, transparent=name == "script", via=command.via))
+    out.commands.append(replace(command, transparent=name == "script"))
     args = list(command.argv[1:])
     for index, arg in enumerate(args):
         given = arg or ""
-        cluster = given.startswith("-") and not given.startswith("--") and given.endswith("c")  # -c, -qc
-        if cluster or given == "--command" or given.startswith("--command="):
+        if command_option(given):
             script = args[index + 1] if index + 1 < len(args) and "=" not in given else (
                 given.partition("=")[2] or None)
             if script is None:
@@ -361,7 +312,8 @@ def _find(command: Command, out: _Found, depth: int) -> None:
     while index < len(args):
         arg = args[index]
         if arg in ("-exec", "-execdir", "-ok", "-okdir"):
-            end = next((i for i in range(index + 1, len(args)) if args[i] in (";", "+")), len(args))
+            end = next((i for i in range(index + 1, len(args))
+                        if args[i] == ";" or (args[i] == "+" and args[i - 1] == "{}")), len(args))
             # {} is each file found: under the start paths, so they stand for it
             words = [found for word in args[index + 1:end] for found in ((starts or ["."]) if word == "{}" else [word])]
             _simple(SimpleCommand(tuple(words)), out, depth + 1, f"find {arg}")

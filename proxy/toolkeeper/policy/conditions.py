@@ -12,7 +12,6 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,49 +98,19 @@ class RunsTest(Strict):
         if self.flags:
             answers.append(_has_flags(command, self.flags))
         if self.writes_under is not None:
-            answers.append(_paths(command, command.writes, workdir, lambda path, where: paths.under(
+            answers.append(paths.of_command(command, command.writes, workdir, lambda path, where: paths.under(
                 path, self.writes_under or (), where), closed=False))
-        named = [*_path_words(command), *command.writes]
+        named = [*paths.named_in(command), *command.writes, *command.reads]
         if self.under is not None:
-            answers.append(_paths(command, named, workdir, lambda path, where: paths.under(
+            answers.append(paths.of_command(command, named, workdir, lambda path, where: paths.under(
                 path, self.under or (), where)))
         if self.targets is not None:
-            answers.append(_paths(command, named, workdir, lambda path, where: paths.one_of(
+            answers.append(paths.of_command(command, named, workdir, lambda path, where: paths.one_of(
                 path, self.targets or (), where)))
         if self.names is not None:
-            answers.append(_paths(command, named, workdir, lambda path, _: None if path is None else any(
+            answers.append(paths.of_command(command, named, workdir, lambda path, _: None if path is None else any(
                 fnmatch.fnmatchcase(posixpath.basename(path.rstrip("/")), glob) for glob in self.names or ())))
         return _all(answers)
-
-
-ELSEWHERE = "\0elsewhere"  # a `cd` to a folder known only at run time
-
-
-def _paths(command: Command, named: list[str | None], workdir: str | None,
-           answer: Callable[[str | None, str | None], paths.Answer], closed: bool = True) -> paths.Answer:
-    """A path test over the paths a command names, from each folder it may run in (the working directory, and
-    where a `cd` before it went); with arguments known only at run time (xargs), unknown unless it holds."""
-    answers = []
-    for where in _folders_run_in(workdir, command.moved):
-        for path in named:
-            relative = path is not None and not path.startswith(("/", "~"))
-            answers.append(None if where == ELSEWHERE and relative else answer(path, where))
-    if command.open_arguments and closed:
-        answers.append(None)
-    return _any(answers)
-
-
-def _folders_run_in(workdir: str | None, moved: tuple[str | None, ...]) -> list[str | None]:
-    """The working directory (None: not known), and where each `cd` went from it: from an unknown one, a relative
-    `cd` stays relative (`cd build`: a folder inside it); one that climbs out, or to a folder known only at run
-    time, is ELSEWHERE."""
-    found, current = [workdir], workdir
-    for target in moved:
-        current = None if target is None else paths.resolve(target, current)
-        if current is None or current == ".." or current.startswith("../"):
-            return [*found, ELSEWHERE]
-        found.append(current)
-    return found
 
 
 def _resolution(value: Any, kind: str) -> Resolution | None:
@@ -210,7 +179,10 @@ def commands_in(document: dict[str, Any]) -> list[tuple[str, Resolution]]:
         value: Any = arguments
         for part in name.split("."):
             value = value.get(part) if isinstance(value, dict) else None
-        resolution = _resolution(value, kind) if value is not None else None
+        try:
+            resolution = _resolution(value, kind) if value is not None else None
+        except Exception as exc:  # what the rules fail closed on, explain says
+            resolution = Resolution(unresolved=(f"the command cannot be read ({exc})",))
         if resolution is not None:
             found.append((name, resolution))
     if document.get("argv"):
@@ -277,17 +249,6 @@ def _long_option(program: str, given: str) -> str:
         return given
     starting = [option for option in known if option.startswith(given)]
     return starting[0] if len(starting) == 1 else given
-
-
-def _path_words(command: Command) -> list[str | None]:
-    """The words of a command that may name a path: its operands, and the values of `--opt=value`."""
-    named: list[str | None] = []
-    for word in command.argv[1:]:
-        if word is None or not word.startswith("-"):
-            named.append(word)
-        elif word.startswith("--") and "=" in word:
-            named.append(word.partition("=")[2])
-    return named
 
 
 class ValueTest(Strict):

@@ -15,6 +15,7 @@ closed. Wrappers (`sudo`, `bash -c`, `xargs`...) are unwrapped in commands.py.
 from __future__ import annotations
 
 import codecs
+import itertools
 import re
 import threading
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class SimpleCommand:
     writes: tuple[str | None, ...] = ()  # where its output is redirected to (None: a target known at run time)
     stdin: str | None = None  # the script text a heredoc or herestring feeds it (None: none, or not known)
     fed: bool = False  # its input comes from a pipe, or a heredoc/herestring toolkeeper cannot read
+    reads: tuple[str | None, ...] = ()  # files redirected to its input (`cat < ~/.ssh/id_rsa`)
 
 
 @dataclass(frozen=True)
@@ -53,40 +55,11 @@ class ParsedScript:
 @lru_cache(maxsize=4096)
 def parse_script(text: str) -> ParsedScript:
     """The simple commands a bash script runs, in the order they are written."""
-    tree = _parser().parse(joined_lines(text).encode("utf-8", "surrogatepass"))
-    walk = _Walk()
+    source = text.encode("utf-8", "surrogatepass")
+    tree = _parser().parse(source)
+    walk = _Walk(source)
     walk.visit(tree.root_node, _Context())
     return ParsedScript(tuple(walk.commands), tuple(walk.problems))
-
-
-def joined_lines(text: str) -> str:
-    """Backslash-newlines removed as bash removes them (outside single quotes and comments) before the parser
-    sees the text: tree-sitter would split `r\\<newline>m` into two words, bash reads one, `rm`."""
-    if "\\\n" not in text:
-        return text
-    out, index, quote = [], 0, ""
-    while index < len(text):
-        char = text[index]
-        if quote == "'":
-            quote = "" if char == "'" else quote
-        elif char == "\\" and index + 1 < len(text):
-            if text[index + 1] != "\n":
-                out.append(text[index:index + 2])
-            index += 2
-            continue
-        elif char == "#" and not quote and (index == 0 or text[index - 1] in " \t\n;&|()"):
-            end = text.find("\n", index)
-            end = len(text) if end < 0 else end
-            out.append(text[index:end])
-            index = end
-            continue
-        elif char == "'" and not quote:
-            quote = "'"
-        elif char == '"':
-            quote = "" if quote == '"' else '"'
-        out.append(char)
-        index += 1
-    return "".join(out)
 
 
 def _parser() -> Parser:
@@ -101,10 +74,12 @@ class _Context:
     writes: tuple[str | None, ...] = ()
     stdin: str | None = None
     fed: bool = False
+    reads: tuple[str | None, ...] = ()
 
 
 class _Walk:
-    def __init__(self) -> None:
+    def __init__(self, source: bytes) -> None:
+        self.source = source
         self.commands: list[SimpleCommand] = []
         self.problems: list[str] = []
 
@@ -120,7 +95,8 @@ class _Walk:
         elif node.type == "pipeline":
             for index, child in enumerate(node.named_children):
                 fed = context.fed if index == 0 else True
-                self.visit(child, _Context(context.writes, context.stdin if index == 0 else None, fed))
+                self.visit(child, _Context(context.writes, context.stdin if index == 0 else None, fed,
+                                           context.reads if index == 0 else ()))
         elif node.type == "command_substitution" and _text(node).startswith("`") and "\\`" in _text(node):
             inner = parse_script(re.sub(r"\\([`$\\])", r"\1", _text(node)[1:-1]))  # nested backticks: bash
             self.commands.extend(inner.commands)                                    # unescapes, then runs them
@@ -137,7 +113,7 @@ class _Walk:
                 self.visit(child, context)
 
     def _redirected(self, node: Node, context: _Context) -> None:
-        writes, stdin, fed = list(context.writes), context.stdin, context.fed
+        writes, stdin, fed, reads = list(context.writes), context.stdin, context.fed, list(context.reads)
         body = node.child_by_field_name("body")
         extra: list[str | None] = []
         for child in node.children:
@@ -145,9 +121,9 @@ class _Walk:
                 continue
             target, kind, words = self._redirect(child)
             extra.extend(words)
-            stdin, fed = _redirected(kind, target, writes, stdin, fed)
+            stdin, fed = _redirected(kind, target, writes, reads, stdin, fed)
         if body is not None:
-            self._redirect_into(body, context, _Context(tuple(writes), stdin, fed), extra)
+            self._redirect_into(body, context, _Context(tuple(writes), stdin, fed, tuple(reads)), extra)
 
     def _redirect_into(self, body: Node, outer: _Context, inner: _Context, extra: list[str | None]) -> None:
         """tree-sitter hangs `a && b > f` and `a | b > f` on the whole list; bash gives the redirection to the last
@@ -159,9 +135,10 @@ class _Walk:
             piped = body.type == "pipeline"
             for index, child in enumerate(first):
                 fed = outer.fed if index == 0 or not piped else True
-                self.visit(child, _Context(outer.writes, outer.stdin if index == 0 else None, fed))
+                self.visit(child, _Context(outer.writes, outer.stdin if index == 0 else None, fed,
+                                           outer.reads if index == 0 else ()))
             if piped and inner.stdin is None:  # its input is the pipe unless the redirection gives it another
-                inner = _Context(inner.writes, None, True)
+                inner = _Context(inner.writes, None, True, inner.reads)
             self._redirect_into(last, outer, inner, extra)
         else:
             if extra:
@@ -180,8 +157,11 @@ class _Walk:
             words = [word for extra in destinations[1:] for word in words_of(extra)]
             if operator in WRITING and destinations and destinations[0].type != "number":
                 return literal(destinations[0]), "write", words
-            if operator == "<" and destinations and literal(destinations[0]) is None:
-                return None, "script", words  # input from a substitution or a variable: a shell's script unseen
+            if operator == "<" and destinations:
+                read = literal(destinations[0])
+                if read is None:
+                    return None, "script", words  # input from a substitution or a variable: a shell's script unseen
+                return read, "read", words
             return None, "", words
         if node.type == "herestring_redirect":
             target = node.named_children[-1] if node.named_children else None
@@ -216,21 +196,30 @@ class _Walk:
 
     def _command(self, node: Node, context: _Context, extra: list[str | None] | None = None) -> None:
         words: list[str | None] = []
-        writes, stdin, fed = list(context.writes), context.stdin, context.fed
+        last_end: int | None = None
+        writes, stdin, fed, reads = list(context.writes), context.stdin, context.fed, list(context.reads)
         for child in node.children:
             if child.type == "variable_assignment":
                 self._nested(child)
             elif child.type in ("file_redirect", "herestring_redirect", "heredoc_redirect"):
                 target, kind, more = self._redirect(child)
                 words.extend(more)
-                stdin, fed = _redirected(kind, target, writes, stdin, fed)
+                stdin, fed = _redirected(kind, target, writes, reads, stdin, fed)
             elif child.is_named:
                 self._nested(child)
-                words.extend(words_of(child.named_children[0] if child.type == "command_name" else child))
+                word = child.named_children[0] if child.type == "command_name" else child
+                found = words_of(word)
+                if words and last_end is not None and self.source[last_end:word.start_byte] == b"\\\n":
+                    # `r\<newline>m`: bash removes the backslash-newline and reads one word, rm; tree-sitter
+                    # reads two. Joined as bash joins them (across quotes, a heredoc: its own nodes say where)
+                    joined = words.pop()
+                    found[0] = None if joined is None or found[0] is None else joined + found[0]
+                words.extend(found)
+                last_end = word.end_byte
         words.extend(extra or ())
         if words and words[0] in ARITHMETIC:
             self._arithmetic(node)
-        self.commands.append(SimpleCommand(tuple(words), tuple(writes), stdin, fed))
+        self.commands.append(SimpleCommand(tuple(words), tuple(writes), stdin, fed, tuple(reads)))
 
     def _arithmetic(self, node: Node) -> None:
         """Builtins that evaluate a word as arithmetic run the command substitutions in an array subscript, even
@@ -247,12 +236,14 @@ class _Walk:
             stack.extend(found.children)
 
 
-def _redirected(kind: str, target: str | None, writes: list[str | None], stdin: str | None,
-                fed: bool) -> tuple[str | None, bool]:
-    """One redirection's effect: a file written to joins `writes`; a script fed to the input replaces it (a
-    script toolkeeper cannot read leaves the command fed what it cannot see)."""
+def _redirected(kind: str, target: str | None, writes: list[str | None], reads: list[str | None],
+                stdin: str | None, fed: bool) -> tuple[str | None, bool]:
+    """One redirection's effect: a file written to joins `writes`, one read joins `reads`; a script fed to the
+    input replaces it (a script toolkeeper cannot read leaves the command fed what it cannot see)."""
     if kind == "write":
         writes.append(target)
+    elif kind == "read":
+        reads.append(target)
     elif kind == "script":
         return target, target is None or fed
     return stdin, fed
@@ -346,6 +337,6 @@ def _sequence(first: str, last: str) -> list[str]:
     if first.lstrip("-").isdigit() and last.lstrip("-").isdigit():
         low, high = int(first), int(last)
         step = 1 if high >= low else -1
-        return [str(n) for n in range(low, high + step, step)][:256]
+        return [str(n) for n in itertools.islice(range(low, high + step, step), 256)]  # never the whole range
     step = 1 if ord(last) >= ord(first) else -1
     return [chr(n) for n in range(ord(first), ord(last) + step, step)]

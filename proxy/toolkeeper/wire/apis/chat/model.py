@@ -128,10 +128,15 @@ class _Read:
 
 
 def _relayable(event: bytes) -> bool:
-    """An event whose own bytes may go to the agent: no call anywhere in it, and one `choices`. A parser that
-    keeps the first of two equal keys (toolkeeper's, like most, keeps the last) could read a call hidden in a
-    repeated key; such an event is sent as toolkeeper read it instead."""
-    return b'"tool_calls"' not in event and b'"function_call"' not in event and event.count(b'"choices"') == 1
+    """An event whose own bytes may go to the agent: nothing in them that another parser could read as a call
+    toolkeeper did not see. A key spelled with an escape (`tool\\u005fcalls`), in another case (Go matches keys
+    so) or twice (toolkeeper keeps the last, some parsers the first) is such a thing: that event is sent as
+    toolkeeper read it instead."""
+    if b"\\u" in event:
+        return False
+    folded = event.lower()
+    return (b'"tool_calls"' not in folded and b'"function_call"' not in folded
+            and folded.count(b'"choices"') == 1 and folded.count(b'"delta"') == 1)
 
 
 def _text_of(chunk: dict[str, Any]) -> str | None:
