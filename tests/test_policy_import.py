@@ -293,3 +293,17 @@ def test_what_cannot_be_read_or_asked_is_exit_2(tmp_path):
                                                    "file they test\n")
     misplaced = run_cli("policy", "import", "codex", str(CODEX), "--project-dir", str(tmp_path))
     assert misplaced.returncode == 2
+
+
+@pytest.mark.parametrize("sample, kind", [("import_claude_settings.json", "claude-code"),
+                                          ("import_codex.rules", "codex"), ("import_gemini.toml", "gemini-cli")])
+def test_the_format_is_told_from_the_file_when_not_given(tmp_path, sample, kind):
+    source = ROOT / "tests" / "policies" / sample
+    told = run_cli("policy", "import", str(source), "-o", str(tmp_path / "told.yaml"))
+    said = run_cli("policy", "import", kind, str(source), "-o", str(tmp_path / "said.yaml"))
+    assert told.returncode == said.returncode and told.returncode in (0, 1), told.stderr
+    assert (tmp_path / "told.yaml").read_text() == (tmp_path / "said.yaml").read_text()
+    unknown = tmp_path / "policy.txt"
+    unknown.write_text("allow everything\n")
+    refused = run_cli("policy", "import", str(unknown))
+    assert refused.returncode == 2 and "cannot tell its format" in refused.stderr
