@@ -160,6 +160,13 @@ GATED = """
     tools:
 """
 
+# The head of an agent file whose tools run without asking (yolo: true); the tools follow.
+YOLO = """
+    upstream: http://127.0.0.1:9/v1
+    yolo: true
+    tools:
+"""
+
 # One agent file with a tool for each behaviour the suites exercise.
 STANDARD_AGENT = """
     upstream: http://127.0.0.1:9/v1

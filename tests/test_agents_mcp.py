@@ -12,17 +12,13 @@ import json
 import sys
 from pathlib import Path
 
-from conftest import LOOKUP, audit_cli, call, write_agent
+from conftest import LOOKUP, YOLO, audit_cli, call, write_agent
 from test_claude_code import CLAUDE, claude, result
 from test_codex import CODEX, codex, config
 
 # The console script a user puts in an agent's MCP settings: `toolkeeper`, from the venv the tests run in.
 TOOLKEEPER = Path(sys.executable).parent / "toolkeeper"
-AGENT = """
-    upstream: http://127.0.0.1:9/v1
-    yolo: true
-    tools:
-""" + LOOKUP
+AGENT = YOLO + LOOKUP
 RULES = """
 rules:
   - id: no-secret-words

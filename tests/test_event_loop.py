@@ -8,12 +8,12 @@ installed here, by the test extra).
 from __future__ import annotations
 
 import pytest
-from conftest import LOOKUP, call, serving, start_toolkeeper, user, write_agent
+from conftest import LOOKUP, YOLO, call, serving, start_toolkeeper, user, write_agent
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_a_streamed_turn_with_a_declared_call_is_the_same_on_either_loop(scripted, tmp_path, loop):
-    write_agent(tmp_path, "upstream: http://127.0.0.1:9/v1\nyolo: true\ntools:\n" + LOOKUP)
+    write_agent(tmp_path, YOLO + LOOKUP)
     steps = ({"content": "Looking. ", "tool_calls": [call("lookup", {"word": "kiwi"})]},
              {"content": "Found: {tool_result}"})
     with serving(scripted, tmp_path, "--event-loop", loop) as tk:
@@ -28,7 +28,7 @@ def test_a_streamed_turn_with_a_declared_call_is_the_same_on_either_loop(scripte
 
 
 def test_the_start_line_names_the_loop(scripted, tmp_path):
-    write_agent(tmp_path, "upstream: http://127.0.0.1:9/v1\nyolo: true\ntools:\n" + LOOKUP)
+    write_agent(tmp_path, YOLO + LOOKUP)
     for wanted, shown in (([], "event loop asyncio"), (["--event-loop", "uvloop"], "event loop uvloop ")):
         process = start_toolkeeper(tmp_path / "agent.yaml", scripted.base_url, *wanted)
         try:

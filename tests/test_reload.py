@@ -11,13 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LOOKUP, ROOT, Toolkeeper, call, start_toolkeeper, user, write_agent
+from conftest import LOOKUP, ROOT, YOLO, Toolkeeper, call, start_toolkeeper, user, write_agent
 
-AGENT = """
-    upstream: http://127.0.0.1:9/v1
-    yolo: true
-    tools:
-""" + LOOKUP
+AGENT = YOLO + LOOKUP
 RULES = """
 rules:
   - id: {rule}

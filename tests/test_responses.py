@@ -12,7 +12,7 @@ import urllib.request
 
 import openai
 import pytest
-from conftest import call, user
+from conftest import YOLO, call, user
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
@@ -196,7 +196,7 @@ def test_the_record_says_which_api(scripted, tmp_path):
     from conftest import LOOKUP, ROOT, start_toolkeeper, write_agent
     from conftest import Toolkeeper as Tk
 
-    write_agent(tmp_path, "upstream: http://127.0.0.1:9/v1\nyolo: true\ntools:\n" + LOOKUP)
+    write_agent(tmp_path, YOLO + LOOKUP)
     process = start_toolkeeper(tmp_path / "agent.yaml", scripted.base_url, "--audit", str(tmp_path / "a.sqlite3"))
     try:
         scripted.script({"tool_calls": [call("lookup", {"word": "api"})]}, {"content": "ok"})

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import LOOKUP, audit_cli, run_cli, serving, write_agent
+from conftest import LOOKUP, YOLO, audit_cli, run_cli, serving, write_agent
 from trails import CANDIDATE_RULES, COMMANDS, CURRENT_RULES, call_of, seed
 
 RULES = """
@@ -61,7 +61,7 @@ def decision_of(answer: dict) -> str:
 @pytest.fixture(scope="module")
 def governed(scripted, tmp_path_factory):
     directory = tmp_path_factory.mktemp("shadow")
-    write_agent(directory, "upstream: http://127.0.0.1:9/v1\nyolo: true\ntools:\n" + LOOKUP)
+    write_agent(directory, YOLO + LOOKUP)
     (directory / "rules.yaml").write_text(RULES)
     with serving(scripted, directory, "--policy", str(directory / "rules.yaml"),
                  env={"TOOLKEEPER_ADMIN_TOKEN": TOKEN}) as running:
@@ -191,7 +191,7 @@ def test_replay_refuses_a_broken_candidate_and_a_tampered_trail(seeded, tmp_path
 
 def test_the_console_replays_pasted_rules(seeded, scripted):
     directory, directory_ids, _ = seeded
-    write_agent(directory, "upstream: http://127.0.0.1:9/v1\nyolo: true\ntools:\n" + LOOKUP)
+    write_agent(directory, YOLO + LOOKUP)
     with serving(scripted, directory, "--audit", str(directory / "trail.sqlite3"),
                  env={"TOOLKEEPER_ADMIN_TOKEN": TOKEN}) as running:
         base = running.base_url.removesuffix("/v1") + "/toolkeeper/audit/replay"

@@ -18,13 +18,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import LOOKUP, ROOT, Toolkeeper, audit_cli, call, start_toolkeeper, user, write_agent
+from conftest import LOOKUP, ROOT, YOLO, Toolkeeper, audit_cli, call, start_toolkeeper, user, write_agent
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from toolkeeper.metrics import CAP, OTHER, Metrics
 
-AGENT = "upstream: http://127.0.0.1:9/v1\nyolo: true\ntools:\n" + LOOKUP
+AGENT = YOLO + LOOKUP
 REQUESTS = "toolkeeper_requests_total"
 ANSWERED = {"api": "chat", "code": "200", "stream": "false"}
 AGENT_TRACE, AGENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"

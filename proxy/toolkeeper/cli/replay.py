@@ -19,7 +19,7 @@ import time
 from toolkeeper.audit import SQLAudit
 from toolkeeper.cli.audit import open_trail, since, trail_arguments
 from toolkeeper.common import printable
-from toolkeeper.policy import RulesError, load_rules, replay_calls, text_report
+from toolkeeper.policy import RulesError, load_rules, replay_trail, text_report
 
 SHOWN = 200  # changed calls listed in text; JSON lists them all
 
@@ -53,13 +53,11 @@ def run_replay(args: argparse.Namespace) -> int:
 
 def _replay(audit: SQLAudit, candidate: object, window: dict, fmt: str) -> int:
     started = time.monotonic()
-    intact, what = audit.verify()
-    if not intact:
+    what, report = replay_trail(audit, candidate, **window)  # type: ignore[arg-type]
+    if report is None:
         print(f"toolkeeper: the trail does not verify, so a replay of it proves nothing: {printable(what)}",
               file=sys.stderr)
         return 2
-    records = (vars(entry) for entry in audit.records(**window))
-    report = replay_calls(records, candidate)  # type: ignore[arg-type]
     if fmt == "json":
         print(json.dumps({**report.as_json(), "chain": what}, indent=2, ensure_ascii=False))
     else:

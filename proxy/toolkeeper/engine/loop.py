@@ -63,10 +63,6 @@ class _Turn:
     hidden_round: Round | None = None  # the last round whose calls went into `hidden`
     rounds: int = 0
 
-    def see(self, delta: dict[str, str]) -> None:
-        for key, value in delta.items():
-            self.text.setdefault(key, []).append(value)
-
     def see_all(self, deltas: tuple[dict[str, str], ...]) -> None:
         """What one read brought: mostly pieces of the answer's text, kept in one loop."""
         text = self.text
@@ -82,7 +78,7 @@ class _Turn:
         """A message of toolkeeper's own, shown to the agent as part of the answer."""
         if self.text.get("content"):
             text = "\n\n" + text
-        self.see({"content": text})
+        self.see_all(({"content": text},))
         return Visible(({"content": text},), self.head)
 
     def hide(self, last: Round, results: list[dict[str, Any]]) -> None:
@@ -196,7 +192,7 @@ class Engine:
             for observed in last.observed:
                 await self.hosted.observe(observed, context)
             answered = _Answered([], "", [])
-            async for event in self._answer(last, turn, discovery, active, offered) if last.tool_calls else _none():
+            async for event in self._answer(last, turn, discovery, active, offered):
                 if isinstance(event, _Answered):
                     answered = event
                 else:
@@ -282,12 +278,6 @@ class Engine:
             except StoreError as exc:  # the agent has its answer; its next request will miss this exchange
                 log.error("the hidden exchange of this turn could not be stored: %s", exc)
         return result
-
-
-async def _none() -> AsyncIterator[Working | _Answered]:
-    """A round with no calls: nothing to answer (no generator of `_answer` to start)."""
-    return
-    yield
 
 
 async def bounded_gather(calls: list[Awaitable[Outcome]]) -> list[Outcome]:

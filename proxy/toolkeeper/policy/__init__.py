@@ -30,7 +30,7 @@ from toolkeeper.policy.imports import (
 )
 from toolkeeper.policy.opa import DEFAULT_PATH, OpaPolicy
 from toolkeeper.policy.policy import Policy, policy_input, tier_decision
-from toolkeeper.policy.replay import Report, current_effect, replay_calls, text_report
+from toolkeeper.policy.replay import Report, current_effect, replay_calls, replay_trail, text_report
 from toolkeeper.policy.rules import Rules, RulesError, default_rules_path, load_rules, rules_in_force
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "render_rules",
     "render_scenarios",
     "replay_calls",
+    "replay_trail",
     "rules_in_force",
     "text_report",
     "tier_decision",

@@ -94,7 +94,7 @@ class RunsTest(Strict):
             programs = (self.program,) if isinstance(self.program, str) else self.program
             answers.append(command.program in {p.rsplit("/", 1)[-1] for p in programs})
         if self.prefixes:
-            answers.append(_any(_starts(command, prefix) for prefix in self.prefixes))
+            answers.append(paths.any_of(_starts(command, prefix) for prefix in self.prefixes))
         if self.flags:
             answers.append(_has_flags(command, self.flags))
         if self.writes_under is not None:
@@ -156,7 +156,7 @@ def runs_hold(tests: Runs, value: Any, restricts: bool, scope: Scope) -> bool:
             scope.notes.append("toolkeeper could not resolve the command (" + "; ".join(
                 dict.fromkeys(resolution.unresolved)) + "), so it counts as matching")
         return restricts
-    answers = [(command, _any(test.verdict(command, scope.workdir) for test in tests))
+    answers = [(command, paths.any_of(test.verdict(command, scope.workdir) for test in tests))
                for command in resolution.commands]
     if restricts:
         if any(answer is None for _, answer in answers) and not any(answer for _, answer in answers):
@@ -165,6 +165,16 @@ def runs_hold(tests: Runs, value: Any, restricts: bool, scope: Scope) -> bool:
         return any(answer is not False for _, answer in answers)
     decisive = [answer for command, answer in answers if not command.transparent]
     return bool(decisive) and all(answer is True for answer in decisive)
+
+
+def dotted(arguments: Any, path: str) -> tuple[bool, Any]:
+    """A value by its dotted path (`input.path`): (present, value)."""
+    value = arguments
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
 
 
 COMMAND_ARGUMENTS = ("command", "cmd", "action.commands", "action.command")  # the agents' shell tools' (explain)
@@ -176,9 +186,7 @@ def commands_in(document: dict[str, Any]) -> list[tuple[str, Resolution]]:
     arguments = document.get("arguments") if isinstance(document.get("arguments"), dict) else {}
     kind = document["tool"].get("kind", "function")
     for name in COMMAND_ARGUMENTS:
-        value: Any = arguments
-        for part in name.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
+        _, value = dotted(arguments, name)
         try:
             resolution = _resolution(value, kind) if value is not None else None
         except Exception as exc:  # what the rules fail closed on, explain says
@@ -188,11 +196,6 @@ def commands_in(document: dict[str, Any]) -> list[tuple[str, Resolution]]:
     if document.get("argv"):
         found.append(("argv", commands_of_argv(tuple(document["argv"]))))
     return found
-
-
-def _any(answers: Any) -> paths.Answer:
-    found = list(answers)
-    return True if any(a is True for a in found) else (None if any(a is None for a in found) else False)
 
 
 def _all(answers: list[paths.Answer]) -> paths.Answer:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,6 +28,12 @@ if TYPE_CHECKING:
 Answer = bool | None  # None: it cannot be told (a deny or ask rule counts it as a match, an allow does not)
 HOMES = re.compile(r"^(/home/[^/]+|/Users/[^/]+|/root|/var/root|" + re.escape(os.path.expanduser("~")) + r")(?=/|$)")
 GLOB_TAIL = re.compile(r"(/(\.?\*|\{,\.\}\*|\.\[!.\]\*|\.\?\?\*))+/*$")  # /*  /.*  /{,.}*  /.[!.]*  /.??*
+
+
+def any_of(answers: Iterable[Answer]) -> Answer:
+    """True when one holds, else None when one cannot be told, else False."""
+    found = list(answers)
+    return True if True in found else (None if None in found else False)
 
 
 def folder(path: str) -> str:
@@ -99,7 +105,7 @@ def under(path: str | None, folders: tuple[str, ...], workdir: str | None) -> An
     if not resolved.startswith(("/", "~")):
         return _relative(resolved, folders)
     answers = [_compare(resolved, found, exact=False) for found in folders]
-    return True if True in answers else (None if None in answers else False)
+    return any_of(answers)
 
 
 GLOB = re.compile(r"[*?\[]")
@@ -127,7 +133,7 @@ def one_of(path: str | None, folders: tuple[str, ...], workdir: str | None) -> A
     if not resolved.startswith(("/", "~")):
         return None if resolved in (".", "..") or resolved.startswith("../") else False
     answers = [_compare(resolved, found, exact=True) for found in folders]
-    return True if True in answers else (None if None in answers else False)
+    return any_of(answers)
 
 
 ELSEWHERE = "\0elsewhere"  # a `cd` to a folder known only at run time
@@ -144,7 +150,7 @@ def of_command(command: Command, named: list[str | None], workdir: str | None,
             answers.append(None if where == ELSEWHERE and relative else answer(path, where))
     if command.open_arguments and closed:
         answers.append(None)
-    return True if True in answers else (None if None in answers else False)
+    return any_of(answers)
 
 
 def folders_run_in(workdir: str | None, moved: tuple[str | None, ...]) -> list[str | None]:

@@ -16,7 +16,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from toolkeeper.policy.decision import Decision
 from toolkeeper.policy.policy import Policy
@@ -107,6 +107,24 @@ def replay_calls(records: Iterable[dict[str, Any]], candidate: Rules) -> Report:
     finally:
         loop.close()
     return report
+
+
+class Trail(Protocol):
+    """What replay reads of the audit trail (audit's SQLAudit): its chain checked, its calls in a window."""
+
+    def verify(self) -> tuple[bool, str]: ...
+
+    def records(self, **filters: Any) -> Iterable[Any]: ...
+
+
+def replay_trail(trail: Trail, candidate: Rules, **window: Any) -> tuple[str, Report | None]:
+    """The trail verified, then its calls in `window` (since, until, tool: None for any) replayed: (what the
+    verification found, the report; None when the chain does not verify, for a replay would prove nothing)."""
+    intact, what = trail.verify()
+    if not intact:
+        return what, None
+    entries = trail.records(**{name: value for name, value in window.items() if value is not None})
+    return what, replay_calls((vars(entry) for entry in entries), candidate)
 
 
 def _count(report: Report, record: dict[str, Any], current: str, decision: Decision) -> None:

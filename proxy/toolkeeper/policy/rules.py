@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from toolkeeper.common import Strict, load_yaml_model, sha256_hex, shipped_file
-from toolkeeper.policy.conditions import ArgvTest, Scope, ValueTest
+from toolkeeper.policy.conditions import ArgvTest, Scope, ValueTest, dotted
 from toolkeeper.policy.decision import Decision, most_restrictive
 from toolkeeper.tools import Agent
 
@@ -130,7 +130,7 @@ class When(Strict):
 
     def _arguments_hold(self, arguments: dict[str, Any], restricts: bool, scope: Scope) -> bool:
         for name, test in self.arguments.items():
-            present, value = _dotted(arguments, name)
+            present, value = dotted(arguments, name)
             if not test.holds(value, present, restricts=restricts, scope=scope):
                 return False
         return True
@@ -143,16 +143,6 @@ def _outside_enums(test: ValueTest, parameters: list[Any]) -> bool:
     if not wanted or not enums or any(not enum for enum in enums):
         return False
     return not any(value in enum for value in wanted for enum in enums)
-
-
-def _dotted(arguments: Any, path: str) -> tuple[bool, Any]:
-    """A value by its dotted path (`input.path`): (present, value)."""
-    value = arguments
-    for part in path.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return False, None
-        value = value[part]
-    return True, value
 
 
 class Rule(Strict):

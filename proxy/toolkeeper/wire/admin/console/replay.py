@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from toolkeeper.audit import SQLAudit
-from toolkeeper.policy import Report, RulesError, load_rules, replay_calls
+from toolkeeper.policy import Report, RulesError, load_rules, replay_trail
 from toolkeeper.wire.admin.console.layout import csrf_field, link, page, show, when
 from toolkeeper.wire.admin.console.trail import typed_time
 
@@ -78,11 +78,8 @@ class ReplayPage:
                 candidate = load_rules(path)
             except RulesError as exc:
                 raise RulesError(str(exc).replace(str(path.resolve()), "candidate")) from None
-        intact, what = self.audit.verify()
-        if not intact:
-            return False, what, None
-        entries = self.audit.records(**{k: v for k, v in window.items() if v is not None})
-        return True, what, replay_calls((vars(entry) for entry in entries), candidate)
+        what, report = replay_trail(self.audit, candidate, **window)
+        return report is not None, what, report
 
 
 def _report(report: Report) -> str:
