@@ -37,7 +37,7 @@ rules:
       tool: Bash
       source: agent
       arguments:
-        command: {{matches: '\brm\b'}}
+        command: {{runs: {{program: rm}}}}  # read as bash reads it (policy/shell.py), not searched as text
 """
 
 
