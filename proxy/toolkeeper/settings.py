@@ -100,9 +100,9 @@ class Settings:
     otlp_protocol: str | None = option(None, "how spans go to the collector, instead of "
                                              "$OTEL_EXPORTER_OTLP_PROTOCOL (default http/protobuf)",
                                        choices=("http/protobuf", "grpc"))
-    event_loop: str = option("asyncio", "the event loop serve runs on: asyncio (Python's own), uvloop (libuv's: "
-                                        "less CPU per pass-through request, but slower to start a declared tool's "
-                                        "process; the `uvloop` extra), or auto: uvloop when installed",
+    event_loop: str = option("auto", "the event loop serve runs on: auto (uvloop where it is installed, which "
+                                     "it is wherever it installs: Linux and macOS on CPython; asyncio elsewhere), "
+                                     "uvloop (libuv's, in C: less CPU per request), or asyncio (Python's own)",
                              choices=("asyncio", "uvloop", "auto"))
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
     admin_token: str | None = option(None, f"the admin API's token, from ${TOKEN_VARIABLE}", flag=False,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkeeper.common import dumps
+from toolkeeper.runners import spawn
 from toolkeeper.runners.base import OutputBuffer, RunResult, Status, tool_environment
 from toolkeeper.runners.reaper import Reaper
 from toolkeeper.tools import DeclaredTool
@@ -35,15 +36,9 @@ class ArgvRunner:
         stdout, stderr = OutputBuffer(spec.max_output), OutputBuffer(max(256, spec.max_output // 4))
         started = time.monotonic()
         try:
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=tool.workdir,
-                env=tool_environment(tool),
-                stdin=asyncio.subprocess.PIPE if spec.stdin == "json" else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,  # its own process group, killed as one
-            )
+            # its own session, so its own process group, killed as one
+            process = await spawn.start(argv, cwd=tool.workdir, env=tool_environment(tool),
+                                        with_stdin=spec.stdin == "json")
         except OSError as exc:
             return RunResult("error", None, stdout, stderr, time.monotonic() - started,
                              why_not_started(exc, argv[0], tool.workdir))
@@ -82,7 +77,7 @@ async def _drain(stream: asyncio.StreamReader | None, buffer: OutputBuffer) -> N
         buffer.feed(chunk)
 
 
-async def _feed_and_wait(process: asyncio.subprocess.Process, stdin: bytes | None) -> None:
+async def _feed_and_wait(process: spawn.Child, stdin: bytes | None) -> None:
     if stdin is not None:
         await _feed_stdin(process, stdin)
     await process.wait()
@@ -103,7 +98,7 @@ def why_not_started(exc: OSError, program: str, workdir: Path) -> str:
     return f"{program}: {exc.strerror or exc}"
 
 
-async def _feed_stdin(process: asyncio.subprocess.Process, data: bytes) -> None:
+async def _feed_stdin(process: spawn.Child, data: bytes) -> None:
     if process.stdin is None:
         return
     try:

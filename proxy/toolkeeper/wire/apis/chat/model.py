@@ -61,9 +61,10 @@ async def _read_stream(response: aiohttp.ClientResponse, first: bool = False) ->
     them."""
     assembler = StreamAssembler()
     events = EventSplitter(MAX_EVENT_BYTES)
+    shape = TextShape()
     done = False
     async for data in response.content.iter_any():
-        read = _Read(assembler, first)
+        read = _Read(assembler, shape, first)
         try:
             done = read.events(events.feed(data))
         except (UpstreamError, ValueError) as exc:  # a broken event (MalformedResponse, EventTooLarge)
@@ -90,18 +91,27 @@ async def _read_stream(response: aiohttp.ClientResponse, first: bool = False) ->
 class _Read:
     """The events of one network read: what the agent may see of them, and (first round) their own bytes."""
 
-    def __init__(self, assembler: StreamAssembler, first: bool):
+    def __init__(self, assembler: StreamAssembler, shape: TextShape, first: bool):
         self.assembler = assembler
+        self.shape = shape
         self.first = first
         self.visible: list[dict[str, str]] = []
         self.relay: list[bytes | None] = []
         self.broken: Exception | None = None
 
     def events(self, events: list[bytes]) -> bool:
-        """Read them in one loop (most are one piece of text: parsed once, checked inline); True at [DONE]."""
-        assembler, visible, relay = self.assembler, self.visible, self.relay
+        """Read them in one loop (most are one piece of text: read by their shape, or parsed once and checked
+        inline); True at [DONE]."""
+        assembler, visible, relay, shape = self.assembler, self.visible, self.relay, self.shape
         texts = assembler.texts("content")
         for event in events:
+            text = shape.text_of(event)
+            if text is not None:
+                if text:
+                    texts.append(text)
+                    visible.append({"content": text})
+                    relay.append(event + b"\n\n")
+                continue
             if event.startswith(b'data: {"') and b"\n" not in event and assembler.head:
                 try:
                     chunk = orjson.loads(event[6:])
@@ -114,7 +124,10 @@ class _Read:
                     if text:
                         texts.append(text)
                         visible.append({"content": text})
-                        relay.append(event + b"\n\n" if _relayable(event) else None)
+                        relayable = _relayable(event)
+                        relay.append(event + b"\n\n" if relayable else None)
+                        if relayable:
+                            shape.learn(event, text)
                     continue
                 done, seen = False, _fed(chunk, assembler)
             else:
@@ -125,6 +138,46 @@ class _Read:
                 visible.append(seen)
                 relay.append(None)
         return False
+
+
+# What the inside of a JSON string holds only escaped (or as its end): a text without these is its own bytes.
+NOT_PLAIN = bytes(range(32)) + b'"\\'
+
+
+class TextShape:
+    """A stream's text events differ in their text only: the bytes around it, learnt from an event parsed and
+    found to carry text only (and relayable), let the next ones be read without parsing them. An event with
+    other bytes around its text, or a text with a quote, a backslash or a control character in it, does not
+    fit and is parsed. What fits has the learnt event's structure exactly: a text without those bytes cannot
+    end its string early or spell anything with an escape."""
+
+    def __init__(self) -> None:
+        self.prefix: bytes | None = None
+        self.suffix = b""
+        self.start = self.end = self.around = 0
+
+    def learn(self, event: bytes, text: str) -> None:
+        encoded = text.encode()
+        if b"\\" in event or event.count(encoded) != 1:
+            return  # the text's bytes must be found once, as themselves: then they are the text's string
+        start = event.index(encoded)
+        suffix = event[start + len(encoded):]  # at least the string's closing quote
+        self.prefix, self.suffix, self.start, self.end = event[:start], suffix, start, -len(suffix)
+        self.around = len(event) - len(encoded)
+
+    def text_of(self, event: bytes) -> str | None:
+        """The event's text if it has the learnt shape (None: parse it)."""
+        prefix = self.prefix
+        if prefix is None or len(event) < self.around or not event.startswith(prefix) \
+                or not event.endswith(self.suffix):
+            return None
+        inside = event[self.start:self.end]
+        if inside.translate(None, NOT_PLAIN) != inside:
+            return None
+        try:
+            return inside.decode()
+        except UnicodeDecodeError:
+            return None  # parsed, to be refused as the JSON it is not
 
 
 def _relayable(event: bytes) -> bool:

@@ -71,8 +71,12 @@ class StreamWriter(TurnWriter):
         self.head = self.head or _head(event.head, self.body)
         if event.relay and event.head and all(key in event.head for key in HEAD):
             # the first round's text, as the server wrote it: its id, created and model are the turn's
-            await self.write(b"".join(self._relayed(raw, delta) for raw, delta in zip(event.relay, event.deltas,
-                                                                                     strict=True)))
+            if None not in event.relay:  # the role first, in a chunk of its own, if none of ours carried it
+                opening = b"" if self.role_sent else self._chunk({"content": ""})
+                await self.write(opening + b"".join(event.relay))  # type: ignore[arg-type]
+            else:
+                await self.write(b"".join(self._relayed(raw, delta)
+                                          for raw, delta in zip(event.relay, event.deltas, strict=True)))
             return
         await self.write(b"".join(self._chunk(delta) for delta in event.deltas))
 
