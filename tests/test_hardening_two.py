@@ -218,6 +218,6 @@ def test_a_text_event_read_by_its_shape_is_exactly_one_of_the_shape_parsed():
     later.events([event(b"are birds."), event(b'say \\"hi\\"')])
     assert later.visible == [{"content": "are birds."}, {"content": 'say "hi"'}]
     assert later.relay == [event(b"are birds.") + b"\n\n", event(b'say \\"hi\\"') + b"\n\n"]
-    with pytest.raises(Exception, match="tool calls in choices|not valid JSON|stream event"):
+    with pytest.raises(Exception, match=r"tool calls in choices|not valid JSON|stream event"):
         _Read(assembler, shape, first=True).events([event(smuggled)])
     assert "".join(assembler.texts("content")) == "Kiwis are birds.say \"hi\""

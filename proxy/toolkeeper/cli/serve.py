@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -101,6 +102,7 @@ async def serve(agent, settings: Settings, *, worker: bool = False, ready_fd: in
     elif ready_fd is not None:
         os.write(ready_fd, app[RELOAD].describe().encode() + b"\n")
         os.close(ready_fd)
+    settle_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -109,6 +111,16 @@ async def serve(agent, settings: Settings, *, worker: bool = False, ready_fd: in
     await stop.wait()
     await runner.cleanup()
     return 0
+
+
+def settle_heap() -> None:
+    """What the start built (modules, the app, the rules, the bash grammar) lives as long as the process: frozen
+    out of the collector's reach, so that a collection walks what requests made, not the whole heap. And
+    collections every 10,000 allocations rather than 700: a request makes a few hundred objects, and with 32 at
+    once in flight, each collection walked all of theirs."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
 
 
 def the_agent_file(argument: str | None, setting: str | None) -> str:

@@ -71,9 +71,15 @@ async def start(argv: list[str], *, cwd: Path, env: dict[str, str], with_stdin: 
     return Child(popen, stdout, stderr, stdin, exited)
 
 
+class _PipeProtocol(asyncio.StreamReaderProtocol):
+    def eof_received(self) -> bool:
+        super().eof_received()
+        return False  # a pipe has no half-close: its transport closes (uvloop's stays open on True)
+
+
 async def _reader(loop: asyncio.AbstractEventLoop, pipe: Any) -> asyncio.StreamReader:
     reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    await loop.connect_read_pipe(lambda: _PipeProtocol(reader), pipe)
     return reader
 
 
