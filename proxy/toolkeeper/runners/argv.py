@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -51,17 +49,17 @@ class ArgvRunner:
                 # writing the input counts: a program that never reads it must not hold the call past its time
                 await asyncio.wait_for(_feed_and_wait(process, stdin), spec.timeout)
             except TimeoutError:
-                _kill_group(process.pid)
+                spawn.kill_group(process.pid)
                 await process.wait()
                 await _finish_reading(readers)
                 return RunResult("timeout", None, stdout, stderr, time.monotonic() - started, f"{spec.timeout:g} s")
             # Whatever the program left running in its group goes with it, and
             # would otherwise hold the pipes open.
-            _kill_group(process.pid)
+            spawn.kill_group(process.pid)
             await _finish_reading(readers)
         except BaseException:
             # cancelled (the agent went away) or failed: leave no process behind
-            _kill_group(process.pid)
+            spawn.kill_group(process.pid)
             readers.cancel()
             raise
         finally:
@@ -115,8 +113,3 @@ async def _finish_reading(readers: asyncio.Future) -> None:
         await asyncio.wait_for(readers, 5)
     except TimeoutError:
         readers.cancel()
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -50,12 +51,11 @@ class Child:
 async def start(argv: list[str], *, cwd: Path, env: dict[str, str], with_stdin: bool) -> Any:
     """The program running in its own session (its own process group), its output piped; OSError if it cannot
     start."""
+    how = {"cwd": cwd, "env": env, "stdin": subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+           "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "start_new_session": True}
     if not has_pidfd():
-        return await asyncio.create_subprocess_exec(
-            *argv, cwd=cwd, env=env, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    popen = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        return await asyncio.create_subprocess_exec(*argv, **how)
+    popen = subprocess.Popen(argv, **how)
     loop = asyncio.get_running_loop()
     exited = _watch_exit(loop, popen)
     try:
@@ -65,10 +65,15 @@ async def start(argv: list[str], *, cwd: Path, env: dict[str, str], with_stdin: 
             transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, popen.stdin)
             stdin = asyncio.StreamWriter(transport, protocol, None, loop)
     except BaseException:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(popen.pid, 9)
+        kill_group(popen.pid)
         raise
     return Child(popen, stdout, stderr, stdin, exited)
+
+
+def kill_group(pid: int) -> None:
+    """The program and everything it started (its session's process group), if still there."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 class _PipeProtocol(asyncio.StreamReaderProtocol):

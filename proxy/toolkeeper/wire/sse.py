@@ -60,7 +60,7 @@ class TextShape:
     def __init__(self) -> None:
         self.prefix: bytes | None = None
         self.suffix = b""
-        self.start = self.end = self.around = 0
+        self.start = self.end = self.around = 0  # the prefix's and suffix's lengths, kept: read on every event
 
     def learn(self, event: bytes, text: str) -> None:
         encoded = text.encode()

@@ -71,20 +71,12 @@ class StreamWriter(TurnWriter):
         self.head = self.head or _head(event.head, self.body)
         if event.relay and event.head and all(key in event.head for key in HEAD):
             # the first round's text, as the server wrote it: its id, created and model are the turn's
-            if None not in event.relay:  # the role first, in a chunk of its own, if none of ours carried it
-                opening = b"" if self.role_sent else self._chunk({"content": ""})
-                await self.write(opening + b"".join(event.relay))  # type: ignore[arg-type]
-            else:
-                await self.write(b"".join(self._relayed(raw, delta)
-                                          for raw, delta in zip(event.relay, event.deltas, strict=True)))
+            # the role comes first, in a chunk of its own (as OpenAI sends it), when no chunk of ours carried it
+            opening = self._chunk({"content": ""}) if not self.role_sent and event.relay[0] is not None else b""
+            await self.write(opening + b"".join(raw if raw is not None else self._chunk(delta)
+                                                for raw, delta in zip(event.relay, event.deltas, strict=True)))
             return
         await self.write(b"".join(self._chunk(delta) for delta in event.deltas))
-
-    def _relayed(self, raw: bytes | None, delta: dict[str, Any]) -> bytes:
-        if raw is None:
-            return self._chunk(delta)
-        # the role comes first, in a chunk of its own (as OpenAI sends it), when no chunk of ours carried it
-        return raw if self.role_sent else self._chunk({"content": ""}) + raw
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         if not self.role_sent:
