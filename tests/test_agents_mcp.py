@@ -94,8 +94,7 @@ def text_of(block: dict) -> str:
 
 
 def test_claude_code_runs_a_declared_tool_through_toolkeeper_mcp(scripted, tmp_path):
-    # `delay`: a model's own latency; Claude Code in -p mode does not wait for its MCP servers before asking it
-    scripted.script({"content": "Let me look it up.", "delay": 4,
+    scripted.script({"content": "Let me look it up.",
                      "tool_calls": [call("mcp__toolkeeper__lookup", {"word": "fjord"}, "toolu_mcp_fjord")]},
                     {"content": "Looked up: {tool_result}"})
     answer, home = claude_with_toolkeeper(scripted, tmp_path, "What is a fjord?")
@@ -120,8 +119,7 @@ def test_claude_code_runs_a_declared_tool_through_toolkeeper_mcp(scripted, tmp_p
 
 
 def test_claude_code_gets_a_rules_denial_as_a_tool_error(scripted, tmp_path):
-    scripted.script({"delay": 4,
-                     "tool_calls": [call("mcp__toolkeeper__lookup", {"word": "classified"}, "toolu_mcp_secret")]},
+    scripted.script({"tool_calls": [call("mcp__toolkeeper__lookup", {"word": "classified"}, "toolu_mcp_secret")]},
                     {"content": "I may not: {tool_result}"})
     answer, home = claude_with_toolkeeper(scripted, tmp_path, "What does classified mean?")
     assert answer["result"].startswith("I may not: Not run: lookup was not allowed"), mcp_logs(home)

@@ -24,10 +24,12 @@ def claude_home(tmp_path):
 
 
 def claude(tk, home, work, *args: str) -> subprocess.CompletedProcess:
+    # MCP_CONNECTION_NONBLOCKING=false: -p mode waits for its MCP servers before the first request, else one
+    # slow to start (a loaded machine) is missing from the tools offered, and its call is "No such tool"
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "TERM": "dumb",
            "ANTHROPIC_BASE_URL": tk.base_url[: -len("/v1")], "ANTHROPIC_API_KEY": "sk-ant-dummy",
            "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "MCP_CONNECTION_NONBLOCKING": "false"}
     return subprocess.run([str(CLAUDE), "-p", *args, "--output-format", "json"], capture_output=True, text=True,
                           timeout=120, cwd=work, env=env, stdin=subprocess.DEVNULL)
 
