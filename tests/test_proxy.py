@@ -6,10 +6,11 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 
 import openai
 import pytest
-from conftest import GATED, LOOKUP, RELEASE, call, start_toolkeeper, user, write_agent
+from conftest import GATED, LOOKUP, RELEASE, call, serving, start_toolkeeper, user, write_agent
 from test_failures import raw_post
 
 
@@ -70,6 +71,21 @@ def test_keep_alive_comments_while_a_tool_runs(scripted, tk):
     assert _content(after) == "Awake."
     assert text.count(": keep-alive") >= 3  # every 0.2 s here
     assert text.endswith("data: [DONE]\n\n")
+
+
+def test_a_rounds_last_text_reaches_the_agent_before_its_declared_call_runs(scripted, agent_dir):
+    """The end of a round is held for the turn's next event only (one send with the answer's end): when that
+    event is a declared call's start, the text goes out before the call runs, keep-alives or not."""
+    with serving(scripted, agent_dir, "--keepalive", "60") as tk:
+        scripted.script({"content": "Napping. ", "tool_calls": [call("nap", {"seconds": 2})]}, {"content": "Awake."})
+        started, text, seen = time.monotonic(), "", {}
+        for chunk in tk.client().chat.completions.create(model="m", messages=user(), stream=True):
+            text += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+            for wanted in ("Napping. ", "Napping. Awake."):
+                if text == wanted:
+                    seen[wanted] = time.monotonic() - started
+        tk.close_clients()
+    assert seen["Napping. "] < 1.0 and seen["Napping. Awake."] > 2.0, seen
 
 
 def test_tool_choice_none_injects_nothing(scripted, tk):

@@ -175,22 +175,22 @@ class Engine:
 
         for _ in range(self.max_rounds):
             offered = discovery.offered()
-            tools = agent_tools + [schemas[name] for name in offered] + discovery.schemas()
-            if tools:
-                body["tools"] = tools
-            else:
-                body.pop("parallel_tool_calls", None)
+            _offer(body, agent_tools + [schemas[name] for name in offered] + discovery.schemas())
             body["messages"] = messages + turn.hidden
             previous, last = last, None
-            async for event in self._round(model.round(body, hidden=hidden, previous=previous), turn):
-                if isinstance(event, Round):
-                    last = event
-                else:
+            started, traced = time.monotonic(), context.trace.round() if context.trace is not None else None
+            async for event in model.round(body, hidden=hidden, previous=previous):
+                if type(event) is Visible:
+                    turn.see_all(event.deltas)
                     yield event
-            if last is None:
-                raise RuntimeError("the model adapter ended a round without a result")
+                else:
+                    last = event
+            last = self._counted(turn, last, started, traced)
             for observed in last.observed:
                 await self.hosted.observe(observed, context)
+            if not last.tool_calls:  # the usual answer: nothing to decide
+                yield await self._finish(turn, last, [])
+                return
             answered = _Answered([], "", [])
             async for event in self._answer(last, turn, discovery, active, offered):
                 if isinstance(event, _Answered):
@@ -253,21 +253,17 @@ class Engine:
                    if c.id in answers]
         yield _Answered(results, ending, [c for c in last.tool_calls if c.id not in answers])
 
-    async def _round(self, events: AsyncIterator[Visible | Round], turn: _Turn) -> AsyncIterator[Visible | Round]:
-        """One model round: its visible pieces as they come, then the Round, counted."""
-        started = time.monotonic()
-        traced = turn.context.trace.round() if turn.context.trace is not None else None  # tracing on
-        async for event in events:
-            if isinstance(event, Round):
-                turn.counted(event)
-                if traced is not None:
-                    traced.answered(event.head, event.usage)
-                if self.metrics is not None:
-                    self.metrics.count("toolkeeper_model_rounds_total")
-                    self.metrics.observe("toolkeeper_upstream_seconds", time.monotonic() - started)
-            else:
-                turn.see_all(event.deltas)
-            yield event
+    def _counted(self, turn: _Turn, last: Round | None, started: float, traced: Any) -> Round:
+        """A model round's end: counted in the turn, the trace and the metrics."""
+        if last is None:
+            raise RuntimeError("the model adapter ended a round without a result")
+        turn.counted(last)
+        if traced is not None:
+            traced.answered(last.head, last.usage)
+        if self.metrics is not None:
+            self.metrics.count("toolkeeper_model_rounds_total")
+            self.metrics.observe("toolkeeper_upstream_seconds", time.monotonic() - started)
+        return last
 
     async def _finish(self, turn: _Turn, last: Round, own: list[ToolCall], said: str = "") -> TurnResult:
         result = turn.result(last, own, said)
@@ -320,6 +316,14 @@ def _trailing_results(messages: list[Any]) -> list[dict[str, Any]]:
         if isinstance(message, dict) and message.get("role") == "tool":
             tail.append(message)
     return tail[::-1]
+
+
+def _offer(body: dict[str, Any], tools: list[Any]) -> None:
+    """A round's tools in its request (without any, no `parallel_tool_calls`: servers refuse it alone)."""
+    if tools:
+        body["tools"] = tools
+    else:
+        body.pop("parallel_tool_calls", None)
 
 
 def _forces_a_call(tool_choice: Any, active: dict[str, DeclaredTool]) -> bool:

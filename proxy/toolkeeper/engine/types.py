@@ -85,12 +85,15 @@ class Visible:
     carries the id, created and model of the round (toolkeeper's own words:
     of the turn's first). `relay` is what an adapter that passes its server's
     own events on relays of this piece, as the server wrote it: stream events,
-    or a whole round's output items (Chat Completions needs none).
+    or a whole round's output items (Chat Completions needs none). `last`: the
+    model's stream ended with this piece, so a writer may send it with what
+    the turn's next event brings (the answer's end: one send, not two).
     """
 
     deltas: tuple[dict[str, str], ...]
     head: dict[str, Any] | None = None
     relay: tuple[Any, ...] = ()
+    last: bool = False
 
 
 @dataclass(frozen=True)

@@ -214,6 +214,13 @@ async def keep_alive(every: float, write: Callable[[bytes], Awaitable[None]], da
         await write(data)
 
 
+class EventStream(web.StreamResponse):
+    """A streamed answer whose headers go out with its first bytes, in one send (as a `web.Response`'s do), not
+    in one of their own: the agent is woken once, and a writer always has bytes to send once it prepares."""
+
+    _send_headers_immediately = False  # aiohttp's own switch (web.Response sets it so)
+
+
 class TurnWriter:
     """One streamed turn, relayed to the agent: an adapter's writer says what each event becomes.
 
@@ -230,6 +237,7 @@ class TurnWriter:
         self.request = request
         self.keepalive = keepalive
         self.response: web.StreamResponse | None = None
+        self._held = b""  # the model's last piece of a round, sent with what comes next (`Visible.last`)
 
     async def relay(self, events: AsyncIterator[Event]) -> web.StreamResponse:
         keepalive: asyncio.Task[None] | None = None
@@ -237,6 +245,7 @@ class TurnWriter:
             async for event in events:
                 if isinstance(event, Working):
                     await self.working(event.head)
+                    await self.write(b"")  # what is held goes out before the wait
                     keepalive = keepalive or asyncio.create_task(
                         keep_alive(self.keepalive, self.write, self.keepalive_data))
                     continue
@@ -261,14 +270,28 @@ class TurnWriter:
 
     async def prepared(self) -> web.StreamResponse:
         if self.response is None:
-            self.response = web.StreamResponse(headers={
+            self.response = EventStream(headers={
                 "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         await self.response.prepare(self.request)  # returns at once once prepared
         return self.response
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, *, hold: bool = False) -> None:
+        """Send `data` (after what is held), or hold it for the next send: the end of a round, which the turn's
+        next event follows at once (its end, a declared call's start), so the two go out in one send."""
+        if self._held:
+            data, self._held = self._held + data, b""
+        if hold:
+            self._held = data
+        elif data:
+            response = await self.prepared()
+            await response.write(data)
+
+    async def end(self, data: bytes) -> web.StreamResponse:
+        """The answer's last bytes (after what is held) and the end of the body, in one send."""
+        data, self._held = self._held + data, b""
         response = await self.prepared()
-        await response.write(data)
+        await response.write_eof(data)
+        return response
 
     async def working(self, head: dict[str, Any] | None) -> None:
         """A declared call is about to be decided or run (`head`: the turn's first round's)."""
@@ -284,10 +307,9 @@ class TurnWriter:
         raise NotImplementedError
 
     async def fail(self, error: UpstreamError) -> web.StreamResponse:
-        if self.response is None:  # nothing sent yet: the error keeps its status
+        if self.response is None and not self._held:  # nothing sent yet: the error keeps its status
             return self.errors.response(error)
-        await self.response.write_eof(self.failure(error))
-        return self.response
+        return await self.end(self.failure(error))
 
 
 def failure_of(exc: Exception) -> UpstreamError:

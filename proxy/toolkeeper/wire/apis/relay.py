@@ -98,13 +98,13 @@ class HoldingReader:
         self.read(event)
         return self._shown
 
-    def visible(self, relay: list[dict[str, Any]]) -> Visible:
+    def visible(self, relay: list[dict[str, Any]], last: bool = False) -> Visible:
         texts = tuple({"content": text} for event in relay if (text := self.text_of(event)))
         head = self._head
         if head is None:
             head = round_head({"id": (self.started or {}).get("id")}, self.started, self.previous)
             self._head = head if self.started is not None else None
-        return Visible(texts, head, tuple(relay))
+        return Visible(texts, head, tuple(relay), last)
 
     def starts(self, index: int, *, holds: bool, hidden: bool, own_call: str | None = None) -> None:
         """An item begins: held until the next, or it settles the held ones (hidden with it, or shown, or
@@ -151,15 +151,16 @@ async def read_relayed(response: aiohttp.ClientResponse, reader: HoldingReader) 
     the Round. Nothing of a round whose end is malformed goes out after the fault."""
     round_key = object()
     events = EventSplitter(MAX_EVENT_BYTES)
-    async for data in response.content.iter_any():
+    content = response.content
+    async for data in content.iter_any():
         relay = [kept for event in events.feed(data) for kept in reader.feed(parse_event(event, round_key))]
         if relay:
-            yield reader.visible(relay)
+            yield reader.visible(relay, content.at_eof())
     last = events.rest()
     relay = reader.feed(parse_event(last, round_key)) if last else []
     found = reader.finish()
     if relay:
-        yield reader.visible(relay)
+        yield reader.visible(relay, True)
     yield found
 
 
@@ -291,13 +292,14 @@ class RelayWriter(TurnWriter):
         await self._send(head, ())  # what the round showed goes out before the tool runs
 
     async def visible(self, event: Visible) -> None:
-        await self._send(event.head, event.relay)
+        await self._send(event.head, event.relay, event.last)
 
-    async def _send(self, head: dict[str, Any] | None, events: tuple[Any, ...] | list[Any]) -> None:
+    async def _send(self, head: dict[str, Any] | None, events: tuple[Any, ...] | list[Any],
+                    hold: bool = False) -> None:
         self.first = self.first or (head or {}).get(FIRST)
         parts = [*self.opening(), *(self.relayed(event) for event in events)]
         if parts:
-            await self.write(b"".join(parts))
+            await self.write(b"".join(parts), hold=hold)
 
     async def finish(self, result: TurnResult) -> None:
         self.first = self.first or result.last.head.get(FIRST)
@@ -305,6 +307,4 @@ class RelayWriter(TurnWriter):
         held = [event for call_id, events in result.last.held if call_id in allowed for event in events]
         parts = [*self.opening(), *(self.relayed(event) for event in held)]
         parts += await self.closing(result)
-        # the end of the answer and the end of the body in one send
-        response = await self.prepared()
-        await response.write_eof(b"".join(parts))
+        await self.end(b"".join(parts))

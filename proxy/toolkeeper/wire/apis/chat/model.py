@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import aiohttp
 import orjson
 
 from toolkeeper.common import dumps
@@ -33,8 +32,22 @@ class ChatModel:
         with UpstreamFailures():
             async with self.upstream.post("/chat/completions", dumps(body), self.headers, self.query) as response:
                 if streaming and is_event_stream(response):
-                    async for event in _read_stream(response, first=previous is None):
-                        yield event
+                    # read here, not in a generator of its own: one layer less for every piece of every answer
+                    stream = _Stream(first=previous is None)
+                    content = response.content
+                    async for data in content.iter_any():
+                        visible = stream.read(data, content.at_eof())
+                        if visible is not None:  # what came before a broken event is the agent's
+                            yield visible
+                        if stream.broken is not None:
+                            raise stream.broken
+                        if stream.done:
+                            await drained(response)
+                            break
+                    visible = stream.last()
+                    if visible is not None:
+                        yield visible
+                    yield stream.finish()
                     return
                 # not streamed (or a server that ignored `stream`): one whole response
                 raw = await read_whole(response)
@@ -55,37 +68,44 @@ def _parse_json(raw: bytes) -> dict[str, Any]:
     return parsed
 
 
-async def _read_stream(response: aiohttp.ClientResponse, first: bool = False) -> AsyncIterator[Visible | Round]:
-    """Parse SSE as it arrives; what one network read brings is handed on together. In the turn's first round,
-    each text event goes with its own bytes (`Visible.relay`), which the writer sends on as the server wrote
-    them."""
-    assembler = StreamAssembler()
-    events = EventSplitter(MAX_EVENT_BYTES)
-    shape = TextShape()
-    done = False
-    async for data in response.content.iter_any():
-        read = _Read(assembler, shape, first)
+class _Stream:
+    """One streamed round, read as it arrives: what one network read brings is handed on together (in the
+    turn's first round, each text event with its own bytes, `Visible.relay`, which the writer sends on as the
+    server wrote them)."""
+
+    def __init__(self, first: bool):
+        self.first = first
+        self.assembler = StreamAssembler()
+        self.splitter = EventSplitter(MAX_EVENT_BYTES)
+        self.shape = TextShape()
+        self.done = False  # [DONE] read
+        self.broken: Exception | None = None  # a broken event (MalformedResponse, EventTooLarge), raised after
+
+    def read(self, data: bytes, ended: bool) -> Visible | None:
+        """What the agent may see of one network read (`ended`: the body ended with it)."""
+        read = _Read(self.assembler, self.shape, self.first)
         try:
-            done = read.events(events.feed(data))
-        except (UpstreamError, ValueError) as exc:  # a broken event (MalformedResponse, EventTooLarge)
-            read.broken = exc
-        # what came before a broken event is the agent's, whatever the network's timing
-        if read.visible:
-            yield Visible(tuple(read.visible), assembler.head, tuple(read.relay) if first else ())
-        if read.broken is not None:
-            raise read.broken
-        if done:
-            await drained(response)
-            break
-    last = events.rest()
-    if last and not done:  # the last event, with no blank line after it
-        done, seen = _dispatch(last, assembler)
-        if seen:
-            yield Visible((seen,), assembler.head)
-    if not done and assembler.finish_reason is None:
-        raise UpstreamError.ours(502, "the model server's stream ended before the response was complete",
-                                 "upstream_incomplete")
-    yield assembler.finish()
+            self.done = read.events(self.splitter.feed(data))
+        except (UpstreamError, ValueError) as exc:
+            self.broken = exc
+        if not read.visible:
+            return None
+        relay = tuple(read.relay) if self.first else ()
+        return Visible(tuple(read.visible), self.assembler.head, relay, last=self.done or ended)
+
+    def last(self) -> Visible | None:
+        """The last event, when the stream ended without a blank line after it."""
+        last = self.splitter.rest()
+        if not last or self.done:
+            return None
+        self.done, seen = _dispatch(last, self.assembler)
+        return Visible((seen,), self.assembler.head, last=True) if seen else None
+
+    def finish(self) -> Round:
+        if not self.done and self.assembler.finish_reason is None:
+            raise UpstreamError.ours(502, "the model server's stream ended before the response was complete",
+                                     "upstream_incomplete")
+        return self.assembler.finish()
 
 
 class _Read:
@@ -97,7 +117,6 @@ class _Read:
         self.first = first
         self.visible: list[dict[str, str]] = []
         self.relay: list[bytes | None] = []
-        self.broken: Exception | None = None
 
     def events(self, events: list[bytes]) -> bool:
         """Read them in one loop (most are one piece of text: read by their shape, or parsed once and checked
@@ -106,38 +125,40 @@ class _Read:
         texts = assembler.texts("content")
         for event in events:
             text = shape.text_of(event)
+            if text is None and event.startswith(b'data: {"') and b"\n" not in event and assembler.head:
+                chunk = _chunk_of(event)
+                text = _text_of(chunk)
+                if text is None:
+                    done, seen = False, _fed(chunk, assembler)
+                elif text and _relayable(event):
+                    shape.learn(event, text)
+                else:
+                    event = b""  # sent as toolkeeper read it
+            elif text is None:
+                done, seen = _dispatch(event, assembler)
             if text is not None:
                 if text:
                     texts.append(text)
                     visible.append({"content": text})
-                    relay.append(event + b"\n\n")
+                    relay.append(event + b"\n\n" if event else None)
                 continue
-            if event.startswith(b'data: {"') and b"\n" not in event and assembler.head:
-                try:
-                    chunk = orjson.loads(event[6:])
-                except orjson.JSONDecodeError:
-                    chunk = json_object(event[6:], "a stream event")  # raises, saying what is wrong
-                if type(chunk) is not dict:
-                    json_object(event[6:], "a stream event")  # raises: not an object
-                text = _text_of(chunk)
-                if text is not None:
-                    if text:
-                        texts.append(text)
-                        visible.append({"content": text})
-                        relayable = _relayable(event)
-                        relay.append(event + b"\n\n" if relayable else None)
-                        if relayable:
-                            shape.learn(event, text)
-                    continue
-                done, seen = False, _fed(chunk, assembler)
-            else:
-                done, seen = _dispatch(event, assembler)
             if done:
                 return True
             if seen:
                 visible.append(seen)
                 relay.append(None)
         return False
+
+
+def _chunk_of(event: bytes) -> dict[str, Any]:
+    """A `data: {...}` event's JSON object, or MalformedResponse saying what is wrong with it."""
+    try:
+        chunk = orjson.loads(event[6:])
+    except orjson.JSONDecodeError:
+        chunk = json_object(event[6:], "a stream event")  # raises, saying what is wrong
+    if type(chunk) is not dict:
+        json_object(event[6:], "a stream event")  # raises: not an object
+    return chunk
 
 
 def _relayable(event: bytes) -> bool:

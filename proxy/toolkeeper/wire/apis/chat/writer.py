@@ -27,9 +27,12 @@ HEAD = ("id", "created", "model")  # a round's head with these: its events' enve
 
 def _head(result_head: dict[str, Any] | None, request: dict[str, Any]) -> dict[str, Any]:
     head = dict(result_head or {})
-    head.setdefault("id", "chatcmpl-" + secrets.token_hex(12))
-    head.setdefault("created", int(time.time()))
-    head.setdefault("model", request.get("model", ""))
+    if "id" not in head:
+        head["id"] = "chatcmpl-" + secrets.token_hex(12)
+    if "created" not in head:
+        head["created"] = int(time.time())
+    if "model" not in head:
+        head["model"] = request.get("model", "")
     return head
 
 
@@ -74,9 +77,10 @@ class StreamWriter(TurnWriter):
             # the role comes first, in a chunk of its own (as OpenAI sends it), when no chunk of ours carried it
             opening = self._chunk({"content": ""}) if not self.role_sent and event.relay[0] is not None else b""
             await self.write(opening + b"".join(raw if raw is not None else self._chunk(delta)
-                                                for raw, delta in zip(event.relay, event.deltas, strict=True)))
+                                                for raw, delta in zip(event.relay, event.deltas, strict=True)),
+                             hold=event.last)
             return
-        await self.write(b"".join(self._chunk(delta) for delta in event.deltas))
+        await self.write(b"".join(self._chunk(delta) for delta in event.deltas), hold=event.last)
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         if not self.role_sent:
@@ -109,9 +113,7 @@ class StreamWriter(TurnWriter):
                      "model": self.head["model"], "choices": [], "usage": result.usage}
             parts.append(b"data: " + orjson.dumps(usage) + b"\n\n")
         parts.append(DONE)
-        # the end of the answer and the end of the body in one send: one wake-up less for the agent
-        response = await self.prepared()
-        await response.write_eof(b"".join(parts))
+        await self.end(b"".join(parts))  # one wake-up less for the agent
 
     def failure(self, error: UpstreamError) -> bytes:
         return b"data: " + orjson.dumps({"error": error.error_object()}) + b"\n\n"
