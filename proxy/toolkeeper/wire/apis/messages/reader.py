@@ -36,6 +36,9 @@ class MessagesReader(HoldingReader):
         self.stopped = False
         self.blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}  # tool_use input, in pieces
+        # a block's text (or thinking, or signature) in pieces, joined once: adding each delta to the string so
+        # far would copy a long answer once per delta
+        self._pieces: dict[tuple[int, str], list[str]] = {}
 
     def text_of(self, event: dict[str, Any]) -> str | None:
         delta = event.get("delta") if event["type"] == "content_block_delta" else None
@@ -96,7 +99,15 @@ class MessagesReader(HoldingReader):
         if field == "citation":
             block.setdefault("citations", []).append(delta.get("citation"))
         elif field:
-            block[field] = block.get(field, "") + str(delta.get(field, ""))
+            pieces = self._pieces.get((index, field))
+            if pieces is None:
+                pieces = self._pieces[index, field] = [block.get(field, "")]
+            pieces.append(str(delta.get(field, "")))
+
+    def _joined(self) -> None:
+        for (index, field), pieces in self._pieces.items():
+            self.blocks[index][field] = "".join(pieces)
+        self._pieces.clear()
 
     def _finished(self, index: int) -> None:
         pieces = self._json.pop(index, None)
@@ -109,6 +120,7 @@ class MessagesReader(HoldingReader):
     def finish(self) -> Round:
         if self.started is None or not self.stopped:
             raise MalformedResponse("the stream ended before message_stop")
+        self._joined()
         message = {**self.started, **self.stop, "usage": self.usage,
                    "content": [self.blocks[i] for i in sorted(self.blocks)]}
         found = round_from_message(message)
