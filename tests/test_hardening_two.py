@@ -221,3 +221,51 @@ def test_a_text_event_read_by_its_shape_is_exactly_one_of_the_shape_parsed():
     with pytest.raises(Exception, match=r"tool calls in choices|not valid JSON|stream event"):
         _Read(assembler, shape, first=True).events([event(smuggled)])
     assert "".join(assembler.texts("content")) == "Kiwis are birds.say \"hi\""
+
+
+def test_a_messages_text_delta_read_by_its_shape_is_one_of_the_shown_block_it_was_learnt_from():
+    """A Messages text delta is read without parsing or routing when its bytes around the text are those of one
+    parsed before, of a shown text block: the same block, the same structure. Deltas of a held (thinking) block
+    teach nothing, another block's index does not fit, and a delta whose keys come twice (or in another case)
+    is parsed every time."""
+    import orjson
+
+    from toolkeeper.wire.apis.messages.reader import MessagesReader
+    from toolkeeper.wire.errors import MalformedResponse
+
+    def sse(event: dict) -> bytes:
+        return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event)
+
+    def delta(index: int, kind: str, field: str, text: str) -> bytes:
+        return sse({"type": "content_block_delta", "index": index, "delta": {"type": kind, field: text}})
+
+    start = sse({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+                                                       "model": "m", "content": [], "usage": {"input_tokens": 1}}})
+    thinking = sse({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}})
+    text = sse({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}})
+    reader, round_key = MessagesReader(frozenset(), None), object()
+    for data in (start, thinking, delta(0, "thinking_delta", "thinking", "Hmm")):
+        reader.take(data, round_key)
+    assert reader._shape.prefix is None  # a held block's delta teaches nothing
+    shown = [event for data in (text, delta(1, "text_delta", "text", "Kiwis "), delta(1, "text_delta", "text", "are"))
+             for event in reader.take(data, round_key)]
+    assert reader._shape.prefix is not None and reader._shape.text_of(delta(1, "text_delta", "text", "x")) == "x"
+    assert shown[-1]["_raw"] == delta(1, "text_delta", "text", "are")  # relayed as it came
+    assert reader._shape.text_of(delta(0, "text_delta", "text", "x")) is None  # another block: parsed
+    with pytest.raises(MalformedResponse, match="text_delta for block 0"):
+        reader.take(delta(0, "text_delta", "text", "x"), round_key)
+    escaped = delta(1, "text_delta", "text", ' "birds"')
+    assert reader._shape.text_of(escaped) is None and reader.take(escaped, round_key)[0]["delta"]["text"] == ' "birds"'
+    for data in (sse({"type": "content_block_stop", "index": 1}), sse({"type": "content_block_stop", "index": 0}),
+                 sse({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}}),
+                 sse({"type": "message_stop"})):
+        reader.take(data, round_key)
+    found = reader.finish()
+    assert found.message["content"] == 'Kiwis are "birds"'
+
+    for twice in (b'{"type":"content_block_delta","index":0,"index":1,"delta":{"type":"text_delta","text":"hi"}}',
+                  b'{"type":"content_block_delta","index":1,"Delta":{},"delta":{"type":"text_delta","text":"hi"}}'):
+        again = MessagesReader(frozenset(), None)
+        for data in (start, thinking, text, b"event: content_block_delta\ndata: " + twice):
+            again.take(data, round_key)
+        assert again._shape.prefix is None, twice  # parsed every time, never read by its shape

@@ -98,6 +98,10 @@ class HoldingReader:
         self.read(event)
         return self._shown
 
+    def take(self, data: bytes, round_key: object) -> list[dict[str, Any]]:
+        """One event as it came (its bytes): parsed, then fed."""
+        return self.feed(parse_event(data, round_key))
+
     def visible(self, relay: list[dict[str, Any]], last: bool = False) -> Visible:
         texts = tuple({"content": text} for event in relay if (text := self.text_of(event)))
         head = self._head
@@ -153,11 +157,11 @@ async def read_relayed(response: aiohttp.ClientResponse, reader: HoldingReader) 
     events = EventSplitter(MAX_EVENT_BYTES)
     content = response.content
     async for data in content.iter_any():
-        relay = [kept for event in events.feed(data) for kept in reader.feed(parse_event(event, round_key))]
+        relay = [kept for event in events.feed(data) for kept in reader.take(event, round_key)]
         if relay:
             yield reader.visible(relay, content.at_eof())
     last = events.rest()
-    relay = reader.feed(parse_event(last, round_key)) if last else []
+    relay = reader.take(last, round_key) if last else []
     found = reader.finish()
     if relay:
         yield reader.visible(relay, True)

@@ -18,8 +18,9 @@ import orjson
 
 from toolkeeper.engine import Round
 from toolkeeper.wire.apis.messages.items import THINKING, check_block, round_from_message
-from toolkeeper.wire.apis.relay import HoldingReader, event_object, round_head
+from toolkeeper.wire.apis.relay import RAW, ROUND, HoldingReader, event_object, parse_event, round_head
 from toolkeeper.wire.errors import MalformedResponse, UpstreamFailed
+from toolkeeper.wire.sse import TextShape
 
 # The blocks each delta may extend (a delta of another type is kept as it came).
 DELTA_BLOCKS = {"text_delta": ("text",), "citations_delta": ("text",), "thinking_delta": ("thinking",),
@@ -39,6 +40,25 @@ class MessagesReader(HoldingReader):
         # a block's text (or thinking, or signature) in pieces, joined once: adding each delta to the string so
         # far would copy a long answer once per delta
         self._pieces: dict[tuple[int, str], list[str]] = {}
+        self._shape = TextShape()  # the text deltas of one shown block, once one of them was parsed
+        self._shape_index = -1
+
+    def take(self, data: bytes, round_key: object) -> list[dict[str, Any]]:
+        """Most events of a stream are a piece of a shown text block's text: one with the bytes around its text
+        of such a delta parsed before (the block's index among them) is that delta, with no parse and no routing
+        (its block is shown, and stays so: a block is what its start said, once)."""
+        text = self._shape.text_of(data)
+        if text is not None:
+            index = self._shape_index
+            self._pieces[index, "text"].append(text)
+            return [{"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text},
+                     RAW: data, ROUND: round_key}]
+        event = parse_event(data, round_key)
+        shown = self.feed(event)
+        if shown and shown[-1] is event and event["type"] == "content_block_delta" and _plain_text_delta(data, event):
+            self._shape.learn(data, event["delta"]["text"])
+            self._shape_index = event["index"]
+        return shown
 
     def text_of(self, event: dict[str, Any]) -> str | None:
         delta = event.get("delta") if event["type"] == "content_block_delta" else None
@@ -127,3 +147,17 @@ class MessagesReader(HoldingReader):
         found.head = round_head(found.head, self.started, self.previous)
         return self.settled(found)
 
+
+
+def _plain_text_delta(data: bytes, event: dict[str, Any]) -> bool:
+    """A text delta and nothing else, each key once in its bytes (in any case: a parser that keeps a key's first
+    copy, or matches keys in any case, reads it as toolkeeper does), and with text to learn the shape from."""
+    delta = event.get("delta")
+    if len(event) != 5 or type(delta) is not dict or len(delta) != 2 or delta.get("type") != "text_delta":
+        return False
+    text = delta.get("text")
+    if type(text) is not str or not text:
+        return False
+    folded = data.lower()
+    return (folded.count(b'"type"') == 2 and folded.count(b'"index"') == 1 and folded.count(b'"delta"') == 1
+            and folded.count(b'"text"') == 1)
