@@ -269,3 +269,67 @@ def test_a_messages_text_delta_read_by_its_shape_is_one_of_the_shown_block_it_wa
         for data in (start, thinking, text, b"event: content_block_delta\ndata: " + twice):
             again.take(data, round_key)
         assert again._shape.prefix is None, twice  # parsed every time, never read by its shape
+
+
+def test_a_shape_that_could_not_be_learnt_from_a_new_block_stays_the_old_blocks():
+    """A delta whose bytes cannot say where its text is (its text found elsewhere in them, or an escape) teaches
+    nothing: the shape known before stays bound to its own block, so what toolkeeper records of a delta read by
+    it is the block the bytes name to the agent."""
+    import orjson
+
+    from toolkeeper.wire.apis.messages.reader import MessagesReader
+
+    def sse(event: dict) -> bytes:
+        return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event)
+
+    def text(index: int, piece: str) -> bytes:
+        return sse({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": piece}})
+
+    reader, round_key = MessagesReader(frozenset(), None), object()
+    for data in (sse({"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant",
+                                                            "model": "m", "content": []}}),
+                 sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                 text(0, "Hello"), sse({"type": "content_block_start", "index": 1,
+                                        "content_block": {"type": "text", "text": ""}}),
+                 text(1, "a"), text(1, "line\nbreak")):  # neither can be learnt from
+        reader.take(data, round_key)
+    (event,) = reader.take(text(0, " PAYLOAD"), round_key)
+    assert event["index"] == 0 and b'"index":0' in event["_raw"]
+    for data in (sse({"type": "content_block_stop", "index": 0}), sse({"type": "content_block_stop", "index": 1}),
+                 sse({"type": "message_stop"})):
+        reader.take(data, round_key)
+    blocks = reader.finish().message["_blocks"]
+    assert [block["text"] for block in blocks] == ["Hello PAYLOAD", "aline\nbreak"]
+
+
+def test_a_lone_carriage_return_ends_a_line_for_toolkeeper_as_for_the_agent():
+    """SSE lines end in CR LF, LF or a lone CR. Read otherwise, a lone CR inside a data line would be JSON
+    whitespace to toolkeeper and a line break to the agent's parser, which would read a tool_use block toolkeeper
+    took for text. Such an event is malformed to both; a CR LF cut between two reads is still one line end."""
+    from toolkeeper.wire.apis.messages.reader import MessagesReader
+    from toolkeeper.wire.apis.relay import parse_event
+    from toolkeeper.wire.errors import MalformedResponse
+    from toolkeeper.wire.sse import EventSplitter
+
+    smuggled = (b'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":\r'
+                b'{"type":"text","text":""},"x":\ndata: {"type":"tool_use","id":"toolu_1","name":"bash","input":{}}}'
+                b"\n\n")
+    (event,) = EventSplitter(1 << 20).feed(smuggled)
+    reader = MessagesReader(frozenset(), None)
+    reader.take(b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","content":[]}}', object())
+    assert reader.take(event, object()) == []  # what the agent would read: its own call, held for the rules
+    assert reader.blocks[0]["type"] == "tool_use" and reader.awaiting[0][0] == "toolu_1"
+
+    splitter = EventSplitter(1 << 20)
+    assert splitter.feed(b"data: 1\r") == [] and splitter.feed(b"\n\r\ndata: 2\r\r") == [b"data: 1", b"data: 2"]
+    assert splitter.feed(b"data: 3\r") == [] and splitter.feed(b"\n") == [] and splitter.feed(b"\r") == [b"data: 3"]
+    # the usual shape's quick read takes one data line only when it is the event's only other line
+    with pytest.raises(MalformedResponse):
+        parse_event(b'event: x\ndata:{"type":"text"}\ndata: {"type":"tool_use"}', object())
+    raw = b'{"type":"content_block_delta","index":1,"_raw":1,"delta":{"type":"text_delta","text":"hi"}}'
+    reader = MessagesReader(frozenset(), None)
+    for data in (b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","content":[]}}',
+                 b'event: content_block_start\ndata: {"type":"content_block_start","index":1,'
+                 b'"content_block":{"type":"text","text":""}}', b"event: content_block_delta\ndata: " + raw):
+        reader.take(data, object())
+    assert reader._shape.prefix is None  # a key of toolkeeper's own in the bytes: never learnt from

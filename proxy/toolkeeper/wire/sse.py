@@ -19,11 +19,21 @@ class EventSplitter:
         self.limit = limit
         self._pieces: list[bytes] = []
         self._size = 0
+        self._after_return = False  # the last read ended in a CR: a LF beginning the next is the same line end
 
     def feed(self, data: bytes) -> list[bytes]:
-        """The events `data` completes (each without its blank line)."""
+        """The events `data` completes (each without its blank line). A line ends in CR LF, LF or a lone CR, as
+        the SSE standard says, and as the agent's own parser reads them: a lone CR read as anything else would
+        let bytes toolkeeper took for one line be two to the agent (a field it ignores, and a data line)."""
+        if self._after_return:
+            self._after_return = False
+            if data[:1] == b"\n":
+                data = data[1:]
+                if not data:
+                    return []
         if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n")
+            self._after_return = data[-1:] == b"\r"
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         ends = b"\n\n" in data or (self._pieces and self._pieces[-1][-1:] == b"\n" and data[:1] == b"\n")
         if not ends:
             self._pieces.append(data)
@@ -62,14 +72,17 @@ class TextShape:
         self.suffix = b""
         self.start = self.end = self.around = 0  # the prefix's and suffix's lengths, kept: read on every event
 
-    def learn(self, event: bytes, text: str) -> None:
+    def learn(self, event: bytes, text: str) -> bool:
+        """Learn the shape of `event`, whose text is `text`; False (and the shape known before kept) when its
+        bytes cannot say where the text is."""
         encoded = text.encode()
         if b"\\" in event or event.count(encoded) != 1:
-            return  # the text's bytes must be found once, as themselves: then they are the text's string
+            return False  # the text's bytes must be found once, as themselves: then they are the text's string
         start = event.index(encoded)
         suffix = event[start + len(encoded):]  # at least the string's closing quote
         self.prefix, self.suffix, self.start, self.end = event[:start], suffix, start, -len(suffix)
         self.around = len(event) - len(encoded)
+        return True
 
     def text_of(self, event: bytes) -> str | None:
         """The event's text if it has the learnt shape (None: parse it)."""

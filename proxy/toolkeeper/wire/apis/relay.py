@@ -45,9 +45,9 @@ Items = Callable[[list[dict[str, Any]], set[str], set[str] | None], list[dict[st
 
 def parse_event(data: bytes, round_key: object) -> dict[str, Any]:
     """One SSE event's JSON (its `data:` lines; the `event:` line repeats the type), with its bytes and round."""
-    at = data.find(b"\ndata: ")
-    if data.startswith(b"event: ") and at > 0 and data.find(b"\n", at + 1) < 0:
-        payload = data[at + 7:]  # the usual shape: one event line, one data line
+    at = data.find(b"\n")
+    if data.startswith(b"event: ") and data[at:at + 7] == b"\ndata: " and data.find(b"\n", at + 1) < 0:
+        payload = data[at + 7:]  # the usual shape: one event line, one data line, and nothing else
     else:
         payload = b"\n".join(line[5:].lstrip() for line in data.split(b"\n") if line.startswith(b"data:"))
     event = json_object(payload, "a stream event")

@@ -55,9 +55,9 @@ class MessagesReader(HoldingReader):
                      RAW: data, ROUND: round_key}]
         event = parse_event(data, round_key)
         shown = self.feed(event)
-        if shown and shown[-1] is event and event["type"] == "content_block_delta" and _plain_text_delta(data, event):
-            self._shape.learn(data, event["delta"]["text"])
-            self._shape_index = event["index"]
+        if shown and shown[-1] is event and event["type"] == "content_block_delta" and _plain_text_delta(data, event) \
+                and self._shape.learn(data, event["delta"]["text"]):
+            self._shape_index = event["index"]  # only with the bytes it was learnt from: they name this block
         return shown
 
     def text_of(self, event: dict[str, Any]) -> str | None:
@@ -160,4 +160,4 @@ def _plain_text_delta(data: bytes, event: dict[str, Any]) -> bool:
         return False
     folded = data.lower()
     return (folded.count(b'"type"') == 2 and folded.count(b'"index"') == 1 and folded.count(b'"delta"') == 1
-            and folded.count(b'"text"') == 1)
+            and folded.count(b'"text"') == 1 and b'"_' not in folded)  # no key of toolkeeper's own (RAW, ROUND)
