@@ -185,7 +185,7 @@ def test_a_streamed_event_that_could_hide_a_call_is_never_relayed_as_it_came():
         b'data: {"id":"c","choices":[{"index":0,"Delta":{"Tool_Calls":' + call + b'},"delta":{"content":"hi"}}]}',
         b'data: {"Choices":[{"delta":{"tool_calls":' + call + b'}}],"choices":[{"index":0,"delta":{"content":"hi"}}]}',
     ]
-    read = _Read(StreamAssembler(), TextShape(), first=True)
+    read = _Read(StreamAssembler(), TextShape())
     read.events([head, plain, *hidden])
     assert read.visible[-4:] == [{"content": "hi"}] * 4  # what toolkeeper read of each: text, and no call
     assert read.relay[-4] == plain + b"\n\n"  # the usual event goes as it came
@@ -204,7 +204,7 @@ def test_a_text_event_read_by_its_shape_is_exactly_one_of_the_shape_parsed():
 
     head = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}'
     shape, assembler = TextShape(), StreamAssembler()
-    read = _Read(assembler, shape, first=True)
+    read = _Read(assembler, shape)
     read.events([head, event(b"Kiwis ")])
     assert shape.prefix is not None and shape.text_of(event(b"r\\u00f6st ")) is None
     assert shape.text_of(event("röst ".encode())) == "röst "
@@ -214,12 +214,12 @@ def test_a_text_event_read_by_its_shape_is_exactly_one_of_the_shape_parsed():
         assert shape.text_of(event(odd)) is None, odd  # parsed (or refused) as JSON
     assert shape.text_of(event(b"plain words").replace(b'"c"', b'"d"')) is None  # other bytes around
 
-    later = _Read(assembler, shape, first=True)
+    later = _Read(assembler, shape)
     later.events([event(b"are birds."), event(b'say \\"hi\\"')])
     assert later.visible == [{"content": "are birds."}, {"content": 'say "hi"'}]
     assert later.relay == [event(b"are birds.") + b"\n\n", event(b'say \\"hi\\"') + b"\n\n"]
     with pytest.raises(Exception, match=r"tool calls in choices|not valid JSON|stream event"):
-        _Read(assembler, shape, first=True).events([event(smuggled)])
+        _Read(assembler, shape).events([event(smuggled)])
     assert "".join(assembler.texts("content")) == "Kiwis are birds.say \"hi\""
 
 

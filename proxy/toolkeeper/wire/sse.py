@@ -64,8 +64,8 @@ class TextShape:
     it, does not fit and is parsed. What fits has the learnt event's structure exactly, its text aside: a text
     without those bytes cannot end its string early or spell anything with an escape.
 
-    (Chat Completions' events only: a Messages or Responses event is read by Python code whose cost is not
-    in its parsing, and a Responses server numbers each event.)"""
+    (Chat Completions' text chunks, and Messages' text deltas of one shown block; not Responses' events,
+    which a server numbers one by one, so their bytes differ in more than their text.)"""
 
     def __init__(self) -> None:
         self.prefix: bytes | None = None

@@ -83,7 +83,7 @@ class _Stream:
 
     def read(self, data: bytes, ended: bool) -> Visible | None:
         """What the agent may see of one network read (`ended`: the body ended with it)."""
-        read = _Read(self.assembler, self.shape, self.first)
+        read = _Read(self.assembler, self.shape)
         try:
             self.done = read.events(self.splitter.feed(data))
         except (UpstreamError, ValueError) as exc:
@@ -109,12 +109,12 @@ class _Stream:
 
 
 class _Read:
-    """The events of one network read: what the agent may see of them, and (first round) their own bytes."""
+    """The events of one network read: what the agent may see of them, and their own bytes (which the round's
+    Visible carries in the turn's first round)."""
 
-    def __init__(self, assembler: StreamAssembler, shape: TextShape, first: bool):
+    def __init__(self, assembler: StreamAssembler, shape: TextShape):
         self.assembler = assembler
         self.shape = shape
-        self.first = first
         self.visible: list[dict[str, str]] = []
         self.relay: list[bytes | None] = []
 

@@ -148,7 +148,6 @@ class MessagesReader(HoldingReader):
         return self.settled(found)
 
 
-
 def _plain_text_delta(data: bytes, event: dict[str, Any]) -> bool:
     """A text delta and nothing else, each key once in its bytes (in any case: a parser that keeps a key's first
     copy, or matches keys in any case, reads it as toolkeeper does), and with text to learn the shape from."""
