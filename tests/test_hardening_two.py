@@ -226,8 +226,8 @@ def test_a_text_event_read_by_its_shape_is_exactly_one_of_the_shape_parsed():
 def test_a_messages_text_delta_read_by_its_shape_is_one_of_the_shown_block_it_was_learnt_from():
     """A Messages text delta is read without parsing or routing when its bytes around the text are those of one
     parsed before, of a shown text block: the same block, the same structure. Deltas of a held (thinking) block
-    teach nothing, another block's index does not fit, and a delta whose keys come twice (or in another case)
-    is parsed every time."""
+    teach nothing, another block's index does not fit, and a delta whose keys come twice is parsed every time
+    (one with a key in another case is refused)."""
     import orjson
 
     from toolkeeper.wire.apis.messages.reader import MessagesReader
@@ -263,12 +263,14 @@ def test_a_messages_text_delta_read_by_its_shape_is_one_of_the_shown_block_it_wa
     found = reader.finish()
     assert found.message["content"] == 'Kiwis are "birds"'
 
-    for twice in (b'{"type":"content_block_delta","index":0,"index":1,"delta":{"type":"text_delta","text":"hi"}}',
-                  b'{"type":"content_block_delta","index":1,"Delta":{},"delta":{"type":"text_delta","text":"hi"}}'):
-        again = MessagesReader(frozenset(), None)
-        for data in (start, thinking, text, b"event: content_block_delta\ndata: " + twice):
-            again.take(data, round_key)
-        assert again._shape.prefix is None, twice  # parsed every time, never read by its shape
+    twice = b'{"type":"content_block_delta","index":0,"index":1,"delta":{"type":"text_delta","text":"hi"}}'
+    again = MessagesReader(frozenset(), None)
+    for data in (start, thinking, text, b"event: content_block_delta\ndata: " + twice):
+        again.take(data, round_key)
+    assert again._shape.prefix is None  # parsed every time, never read by its shape
+    other_case = b'{"type":"content_block_delta","index":1,"Delta":{},"delta":{"type":"text_delta","text":"hi"}}'
+    with pytest.raises(MalformedResponse, match="lower case"):  # refused (tests/test_ambiguity.py)
+        MessagesReader(frozenset(), None).take(b"event: content_block_delta\ndata: " + other_case, round_key)
 
 
 def test_a_shape_that_could_not_be_learnt_from_a_new_block_stays_the_old_blocks():

@@ -31,12 +31,13 @@ import aiohttp
 
 from toolkeeper.common import dumps
 from toolkeeper.engine import Round, TurnResult, Visible
+from toolkeeper.wire.ambiguity import check_keys, read_alike
 from toolkeeper.wire.apis.base import TurnWriter
 from toolkeeper.wire.errors import OPENAI, ErrorShape, MalformedResponse, UpstreamFailures, json_object
 from toolkeeper.wire.sse import EventSplitter
 from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, is_event_stream, read_whole
 
-RAW = "_raw"  # an upstream event's own bytes, kept beside its parsed fields
+RAW = "_raw"  # an upstream event's own bytes, kept beside its parsed fields (parsed: with where its JSON begins)
 ROUND = "_round"  # which upstream round an event came from: items are numbered per round
 FIRST = "first"  # in a round's head: the turn's first response (or message) as its stream began: the agent's id
 
@@ -44,14 +45,20 @@ Items = Callable[[list[dict[str, Any]], set[str], set[str] | None], list[dict[st
 
 
 def parse_event(data: bytes, round_key: object) -> dict[str, Any]:
-    """One SSE event's JSON (its `data:` lines; the `event:` line repeats the type), with its bytes and round."""
+    """One SSE event's JSON (its `data:` lines; the `event:` line repeats the type), with its round, and its
+    bytes (and where its JSON begins in them) when they may go on as they came: the usual shape, one event line
+    naming the event's type and one data line. Others are re-encoded by the writer."""
     at = data.find(b"\n")
-    if data.startswith(b"event: ") and data[at:at + 7] == b"\ndata: " and data.find(b"\n", at + 1) < 0:
-        payload = data[at + 7:]  # the usual shape: one event line, one data line, and nothing else
+    usual = data.startswith(b"event: ") and data[at:at + 7] == b"\ndata: " and data.find(b"\n", at + 1) < 0
+    if usual:
+        payload = data[at + 7:]
     else:
         payload = b"\n".join(line[5:].lstrip() for line in data.split(b"\n") if line.startswith(b"data:"))
     event = json_object(payload, "a stream event")
-    event[RAW] = data
+    check_keys(payload, event)
+    kind = event.get("type")
+    # whether each key is once in them is asked only of the events relayed (`RelayWriter.unpacked`)
+    event[RAW] = (data, at + 7) if usual and type(kind) is str and data[7:at] == kind.encode() else None
     event[ROUND] = round_key
     return event
 
@@ -217,11 +224,14 @@ class RelayingModel:
 
     def _whole(self, raw: bytes, hidden: frozenset[str], previous: Round | None) -> list[Visible | Round]:
         """A whole answer: its text and shown items, then the Round. Its bytes can go back as they came only
-        when nothing was hidden (a server echoes the tools it was sent) and the agent asked for JSON."""
+        when nothing was hidden (a server echoes the tools it was sent), the agent asked for JSON, and every
+        parser reads them alike."""
         answer = json_object(raw, self.api.answer)
         if not isinstance(answer.get(self.api.listed, []), list):
             raise MalformedResponse(f"{self.api.answer} without its {self.api.listed} list")
-        found = self.prepared(self.round_of(answer, raw if not (self.streaming or hidden) else None))
+        check_keys(raw, answer)
+        passed = not (self.streaming or hidden) and read_alike(raw, answer)
+        found = self.prepared(self.round_of(answer, raw if passed else None))
         found.head = round_head(found.head, answer, previous)
         shown = () if self.streaming else tuple(self.api.items(found.message[self.api.kept_in], set(hidden), None))
         text = found.message.get("content")
@@ -279,8 +289,14 @@ class RelayWriter(TurnWriter):
 
     @staticmethod
     def unpacked(event: dict[str, Any]) -> tuple[bytes | None, object]:
-        """An event's own bytes and its round, taken off it: what is left is the event as the API has it."""
-        return event.pop(RAW, None), event.pop(ROUND, None)
+        """An event's own bytes (None: re-encode it) and its round, taken off it: what is left is the event as the
+        API has it. Bytes that were parsed go on only when every parser reads them so (wire/ambiguity.py); those
+        of a text read by its shape have the structure of such bytes."""
+        raw, round_key = event.pop(RAW, None), event.pop(ROUND, None)
+        if type(raw) is tuple:
+            data, at = raw
+            raw = data if read_alike(data[at:], event) else None
+        return raw, round_key
 
     def number(self, round_key: object, index: int) -> int:
         """The agent's index of a round's item: one sequence over every round."""

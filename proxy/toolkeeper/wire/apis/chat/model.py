@@ -14,6 +14,7 @@ import orjson
 
 from toolkeeper.common import dumps
 from toolkeeper.engine import Round, Visible
+from toolkeeper.wire.ambiguity import read_alike
 from toolkeeper.wire.apis.chat.stream import VISIBLE_FIELDS, StreamAssembler, round_from_response
 from toolkeeper.wire.errors import MalformedResponse, UpstreamError, UpstreamFailures, json_object
 from toolkeeper.wire.sse import EventSplitter, TextShape
@@ -51,7 +52,10 @@ class ChatModel:
                     return
                 # not streamed (or a server that ignored `stream`): one whole response
                 raw = await read_whole(response)
-                found = round_from_response(raw, _parse_json(raw))
+                parsed = _parse_json(raw)
+                found = round_from_response(raw, parsed)
+                if not found.normalized and not read_alike(raw, parsed):
+                    found.normalized = True  # re-encoded, each key once, not passed on as it came
                 visible = {key: value for key, value in found.message.items()
                            if key in VISIBLE_FIELDS and isinstance(value, str) and value}
                 if visible:
@@ -164,11 +168,11 @@ def _chunk_of(event: bytes) -> dict[str, Any]:
 def _relayable(event: bytes) -> bool:
     """An event whose own bytes may go to the agent: nothing in them that another parser could read as a call
     toolkeeper did not see. A key spelled with an escape (`tool\\u005fcalls`), in another case (Go matches keys
-    so) or twice (toolkeeper keeps the last, some parsers the first) is such a thing: that event is sent as
-    toolkeeper read it instead."""
+    so, a long s for an s too: see wire/ambiguity.py) or twice (toolkeeper keeps the last, some parsers the first) is
+    such a thing: that event is sent as toolkeeper read it instead."""
     if b"\\u" in event:
         return False
-    folded = event.lower()
+    folded = event.lower() if event.isascii() else event.decode(errors="replace").casefold().encode()
     return (b'"tool_calls"' not in folded and b'"function_call"' not in folded
             and folded.count(b'"choices"') == 1 and folded.count(b'"delta"') == 1)
 

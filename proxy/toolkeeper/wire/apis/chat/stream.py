@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from toolkeeper.engine import Round, ToolCall
+from toolkeeper.wire.ambiguity import plain_keys, refuse_odd_keys
 from toolkeeper.wire.apis.base import of_json_type
 from toolkeeper.wire.errors import MalformedResponse
 
@@ -43,6 +44,8 @@ def check_calls(calls: Any, where: str) -> list[dict[str, Any]]:
         _expect(call, (dict,), at)
         if call is None:
             raise MalformedResponse(f"{at} must be an object, got null")
+        refuse_odd_keys(call)
+        refuse_odd_keys(call.get("function"))
         _expect(call.get("id"), (str, int), f"{at}.id")
         _expect(call.get("index"), (int,), f"{at}.index")
         function = _expect(call.get("function"), (dict,), f"{at}.function") or {}
@@ -69,10 +72,14 @@ def _plain_choice(body: dict[str, Any], inner: str) -> dict[str, Any] | None:
     part, finish = choice.get(inner), choice.get("finish_reason")
     if type(part) is not dict or (finish is not None and type(finish) is not str):
         return None
-    return choice if part.get("tool_calls") is None and part.get("function_call") is None else None
+    if part.get("tool_calls") is not None or part.get("function_call") is not None:
+        return None
+    # where a call could hide from toolkeeper under a key in another case (wire/ambiguity.py)
+    return choice if plain_keys(body) and plain_keys(choice) and plain_keys(part) else None
 
 
 def _checked_choice(body: dict[str, Any], inner: str) -> dict[str, Any]:
+    refuse_odd_keys(body)
     _expect(body.get("usage"), (dict,), "usage")
     choices = _expect(body.get("choices"), (list,), "choices") or []
     if not choices:
@@ -83,6 +90,9 @@ def _checked_choice(body: dict[str, Any], inner: str) -> dict[str, Any]:
     _expect(choice.get("finish_reason"), (str,), "choices[0].finish_reason")
     part = _expect(choice.get(inner), (dict,), f"choices[0].{inner}") or {}
     check_calls(part.get("tool_calls"), f"choices[0].{inner}.tool_calls")
+    for other in choices:
+        refuse_odd_keys(other)
+        refuse_odd_keys(other.get(inner) if isinstance(other, dict) else None)
     for position, other in enumerate(choices):
         other_part = other.get(inner) if isinstance(other, dict) else None
         if isinstance(other_part, dict) and other_part.get("function_call") is not None:
