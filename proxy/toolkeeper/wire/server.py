@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -32,6 +33,7 @@ from toolkeeper.wire.errors import OPENAI, UpstreamError, shape_of, store_unavai
 from toolkeeper.wire.guard import OPEN_PATHS, AgentKeys, OriginGuard
 from toolkeeper.wire.hooks_api import PATH as HOOKS_PATH
 from toolkeeper.wire.hooks_api import HooksEndpoint
+from toolkeeper.wire.intercept import HEADER as INTERCEPT_HEADER
 from toolkeeper.wire.intercept import InterceptedUpstream
 from toolkeeper.wire.mcp import PATH as MCP_PATH
 from toolkeeper.wire.mcp import McpEndpoint
@@ -85,8 +87,7 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
                                       own=(*OPEN_PATHS, ADMIN_PREFIX), elsewhere=elsewhere)
     # toolkeeper holding the upstream key means agents must prove who they are
     keys = AgentKeys(agent_keys, required=api_key is not None)
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[origins.middleware, intercepted.middleware,
-                                                                             keys.middleware])
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[guards(origins, intercepted, keys)])
     app.on_response_prepare.append(origins.on_prepare)
     probes = Probes(engine, metrics, checks)
 
@@ -122,6 +123,21 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
     app.add_subapp(ADMIN_PREFIX, admin)
     app.router.add_route("*", "/{tail:.*}", elsewhere)
     return app
+
+
+def guards(origins: OriginGuard, intercepted: InterceptedUpstream, keys: AgentKeys) -> Callable:
+    """The three guards, in order (a web page's origin, an intercepted request's upstream, the agent's key), as one
+    middleware: a request none of them has anything to say about (no `Origin`, no intercept header, no keys
+    required) goes straight to its handler, one layer instead of three on every agent request."""
+    @web.middleware
+    async def guarded(request: web.Request, handler: Callable) -> web.StreamResponse:
+        headers = request.headers
+        if not keys.required and "Origin" not in headers and INTERCEPT_HEADER not in headers:
+            return await handler(request)
+        return await origins.middleware(request, partial(intercepted.middleware, handler=partial(
+            keys.middleware, handler=handler)))
+
+    return guarded
 
 
 async def chat(request: web.Request) -> web.StreamResponse:

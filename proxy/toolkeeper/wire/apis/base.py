@@ -119,24 +119,29 @@ class AgentAPI:
                 metrics.expect("toolkeeper_upstream_errors_total", api=self.api, status=status)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        if self.tracing is None:
-            return await self._counted(request)
+        if self.tracing is not None:
+            return await self._traced(request)
+        response = await self._handle(request)
+        self._count(response)
+        return response
+
+    async def _traced(self, request: web.Request) -> web.StreamResponse:
         route = request.match_info.route.resource
         path = route.canonical if route is not None else request.path
-        with self.tracing.request(f"{request.method} {path}", request.headers, path) as trace:
+        with self.tracing.request(f"{request.method} {path}", request.headers, path) as trace:  # type: ignore[union-attr]
             request[TRACE] = trace  # the turn's (self.context)
-            return trace.answered(await self._counted(request))
+            response = await self._handle(request)
+            self._count(response)
+            return trace.answered(response)
 
-    async def _counted(self, request: web.Request) -> web.StreamResponse:
+    def _count(self, response: web.StreamResponse) -> None:
         """The answer, counted in the metrics."""
-        response = await self._handle(request)
         if self.metrics is not None:
             self.metrics.count("toolkeeper_requests_total", api=self.api, code=str(response.status),
                                stream=str(response.content_type == "text/event-stream").lower())
             failure = UPSTREAM_FAILURE.get()
             if failure is not None:
                 self.metrics.count("toolkeeper_upstream_errors_total", api=self.api, status=str(failure))
-        return response
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if not is_json(request.headers.get("Content-Type", "")):
