@@ -141,3 +141,24 @@ def test_a_streamed_chat_event_with_a_key_folded_by_unicode_is_not_relayed_as_it
     read = _Read(StreamAssembler(), TextShape())
     read.events([head, folded])
     assert read.visible[-1] == {"content": "hi"} and read.relay[-1] is None  # re-encoded, without the other choices
+
+
+def test_the_answers_own_events_are_checked_down_to_their_response_fields():
+    """A lifecycle event's response is the agent's (its fields merged into toolkeeper's own): an `Output` there is
+    refused; deeper, where toolkeeper replaces the items (or keeps configuration), the walk stops."""
+    from toolkeeper.wire.apis.relay import parse_event
+    from toolkeeper.wire.apis.responses.reader import ResponsesReader
+    from toolkeeper.wire.errors import MalformedResponse
+
+    def event(response: str) -> bytes:
+        return (b'event: response.completed\ndata: {"type":"response.completed","response":' + response.encode()
+                + b',"sequence_number":9}')
+
+    own, round_key = ResponsesReader.own_events, object()
+    with pytest.raises(MalformedResponse, match="'Output'"):
+        parse_event(event('{"id":"r","Output":[{"type":"function_call","name":"Bash"}],"output":[]}'), round_key, own)
+    parse_event(event('{"id":"r","output":[],"text":{"format":{"Type":"text"}},"instructions":"Be Brief"}'),
+                round_key, own)  # configuration toolkeeper passes on as it came: no call in it
+    with pytest.raises(MalformedResponse, match="'Type'"):  # an item's event: walked to the bottom
+        parse_event(b'event: response.output_item.done\ndata: {"type":"response.output_item.done","output_index":0,'
+                    b'"item":{"type":"message","content":[{"Type":"x"}]}}', round_key, own)

@@ -42,11 +42,18 @@ def read_alike(raw: bytes, parsed: Any) -> bool:
     return encoded == raw or _delimiters(encoded) == _delimiters(raw)
 
 
-def check_keys(raw: bytes, parsed: Any) -> None:
+def check_keys(raw: bytes, parsed: dict[str, Any], *, shallow: bool = False) -> None:
     """MalformedResponse when a key of the API's structure in `parsed` (read from `raw`) is not in lower case.
-    Bytes with no upper case at all (most stream events) have none; the others' objects are walked."""
-    if not (raw.isascii() and raw.lower() == raw):
+    Bytes with no upper case at all (most stream events) have none; the others' objects are walked (`shallow`:
+    `parsed` and the objects it holds, not theirs)."""
+    if raw.isascii() and raw.lower() == raw:
+        return
+    if not shallow:
         _check_all(parsed)
+        return
+    refuse_odd_keys(parsed)
+    for value in parsed.values():
+        refuse_odd_keys(value)
 
 
 def plain_keys(value: dict[str, Any]) -> bool:

@@ -44,10 +44,12 @@ FIRST = "first"  # in a round's head: the turn's first response (or message) as 
 Items = Callable[[list[dict[str, Any]], set[str], set[str] | None], list[dict[str, Any]]]
 
 
-def parse_event(data: bytes, round_key: object) -> dict[str, Any]:
+def parse_event(data: bytes, round_key: object, own: frozenset[str] = frozenset()) -> dict[str, Any]:
     """One SSE event's JSON (its `data:` lines; the `event:` line repeats the type), with its round, and its
     bytes (and where its JSON begins in them) when they may go on as they came: the usual shape, one event line
-    naming the event's type and one data line. Others are re-encoded by the writer."""
+    naming the event's type and one data line. Others are re-encoded by the writer. Its keys are checked
+    (wire/ambiguity.py): an event of a type in `own` (the answer's own, never relayed: toolkeeper keeps the
+    fields of its response or message and replaces what holds items) down to its objects' fields only."""
     at = data.find(b"\n")
     usual = data.startswith(b"event: ") and data[at:at + 7] == b"\ndata: " and data.find(b"\n", at + 1) < 0
     if usual:
@@ -55,8 +57,8 @@ def parse_event(data: bytes, round_key: object) -> dict[str, Any]:
     else:
         payload = b"\n".join(line[5:].lstrip() for line in data.split(b"\n") if line.startswith(b"data:"))
     event = json_object(payload, "a stream event")
-    check_keys(payload, event)
     kind = event.get("type")
+    check_keys(payload, event, shallow=kind in own)
     # whether each key is once in them is asked only of the events relayed (`RelayWriter.unpacked`)
     event[RAW] = (data, at + 7) if usual and type(kind) is str and data[7:at] == kind.encode() else None
     event[ROUND] = round_key
@@ -78,6 +80,8 @@ def round_head(head: dict[str, Any], started: dict[str, Any] | None, previous: R
 
 
 class HoldingReader:
+    own_events: frozenset[str] = frozenset()  # the answer's own events (`parse_event`), read, never relayed
+
     def __init__(self, hidden: frozenset[str], previous: Round | None):
         self.hidden = hidden
         self.previous = previous
@@ -107,7 +111,7 @@ class HoldingReader:
 
     def take(self, data: bytes, round_key: object) -> list[dict[str, Any]]:
         """One event as it came (its bytes): parsed, then fed."""
-        return self.feed(parse_event(data, round_key))
+        return self.feed(parse_event(data, round_key, self.own_events))
 
     def visible(self, relay: list[dict[str, Any]], last: bool = False) -> Visible:
         texts = tuple({"content": text} for event in relay if (text := self.text_of(event)))

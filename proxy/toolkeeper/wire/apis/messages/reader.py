@@ -30,6 +30,8 @@ DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "signature_d
 
 
 class MessagesReader(HoldingReader):
+    own_events = frozenset({"message_start", "message_delta", "message_stop", "ping"})
+
     def __init__(self, hidden: frozenset[str], previous: Round | None):
         super().__init__(hidden, previous)
         self.stop: dict[str, Any] = {}  # message_delta's delta (stop_reason, stop_sequence)
@@ -53,7 +55,7 @@ class MessagesReader(HoldingReader):
             self._pieces[index, "text"].append(text)
             return [{"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text},
                      RAW: data, ROUND: round_key}]
-        event = parse_event(data, round_key)
+        event = parse_event(data, round_key, self.own_events)
         shown = self.feed(event)
         if shown and shown[-1] is event and event["type"] == "content_block_delta" and _plain_text_delta(data, event) \
                 and self._shape.learn(data, event["delta"]["text"]):

@@ -29,6 +29,8 @@ LIFECYCLE = ("response.created", "response.in_progress", "response.queued")
 
 
 class ResponsesReader(HoldingReader):
+    own_events = frozenset((*LIFECYCLE, *TERMINAL))
+
     def __init__(self, hidden: frozenset[str], previous: Round | None):
         super().__init__(hidden, previous)
         self.final: dict[str, Any] | None = None  # from the terminal event
