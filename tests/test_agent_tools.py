@@ -464,3 +464,16 @@ def test_a_forwarded_calls_secret_never_waits_in_the_store(scripted, tkg):
     for path in files:
         assert b"tok-9f8e7d6c5b4a" not in path.read_bytes(), path.name
     assert by_call(tkg.directory, "c_secret")["arguments"]["api_token"] == "[redacted]"
+
+
+@pytest.mark.parametrize("arguments", ['{"command": "rm -rf ~", "command": "ls"}', '{"command": "ls", "Command": "rm -rf ~"}'],
+                         ids=["twice", "other-case"])
+def test_an_agents_call_whose_arguments_parsers_read_differently_is_denied(scripted, tkg, arguments):
+    """The rules read the last copy of a key, in its case; a parser keeping the first (or a Go struct, matching any
+    case) would run `rm -rf ~`: such a call never reaches the agent, and the model hears why."""
+    call_id = "c_amb_" + str(len(arguments))
+    scripted.script({"tool_calls": [call("run_shell", arguments, call_id)]}, {"content": "{tool_result}"})
+    message = tkg.client().chat.completions.create(model="m", messages=user(), tools=[SHELL]).choices[0].message
+    assert not message.tool_calls and "read as one" in message.content
+    record = by_call(tkg.directory, call_id)
+    assert (record["status"], record["decision_source"]) == ("denied", "toolkeeper")

@@ -162,3 +162,68 @@ def test_the_answers_own_events_are_checked_down_to_their_response_fields():
     with pytest.raises(MalformedResponse, match="'Type'"):  # an item's event: walked to the bottom
         parse_event(b'event: response.output_item.done\ndata: {"type":"response.output_item.done","output_index":0,'
                     b'"item":{"type":"message","content":[{"Type":"x"}]}}', round_key, own)
+
+
+def test_a_key_spelled_with_an_escape_is_read_for_what_it_spells():
+    """`\\u0054ype` is `Type`: no upper case in the bytes, one in the key (a red team's find)."""
+    from toolkeeper.wire.apis.relay import parse_event
+    from toolkeeper.wire.errors import MalformedResponse
+
+    start = (b'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":'
+             b'"text","text":"","\\u0054ype":"tool_use","id":"toolu_1","name":"bash","input":{}}}')
+    with pytest.raises(MalformedResponse, match="'Type'"):
+        parse_event(start, object())
+
+
+def test_a_responses_item_event_without_its_index_is_refused():
+    """An item's event with no integer output_index was kept as the response's own, and relayed: a call in it
+    would have reached the agent unannounced (a red team's find)."""
+    from toolkeeper.wire.apis.relay import parse_event
+    from toolkeeper.wire.apis.responses.reader import ResponsesReader
+    from toolkeeper.wire.errors import MalformedResponse
+
+    item = b'"item":{"type":"function_call","call_id":"c1","name":"shell","arguments":"{}"}'
+    for index in (b"", b'"output_index":0.0,', b'"output_index":"0",'):
+        data = (b'event: response.output_item.done\ndata: {"type":"response.output_item.done",' + index + item
+                + b',"sequence_number":3}')
+        with pytest.raises(MalformedResponse, match="output_index"):
+            ResponsesReader(frozenset(), None).take(data, object())
+    assert parse_event(b'event: response.x\ndata: {"type":"response.x","sequence_number":1}', object())
+
+
+def test_a_calls_arguments_must_say_the_same_in_its_deltas_and_its_item():
+    """The rules read the finished item's arguments; an agent may build them from the deltas."""
+    import orjson
+
+    from toolkeeper.wire.apis.responses.reader import ResponsesReader
+    from toolkeeper.wire.errors import MalformedResponse
+
+    def sse(event: dict) -> bytes:
+        return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event)
+
+    call = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "shell", "arguments": ""}
+    reader, key = ResponsesReader(frozenset(), None), object()
+    for event in ({"type": "response.output_item.added", "output_index": 0, "item": call},
+                  {"type": "response.function_call_arguments.delta", "output_index": 0, "delta": '{"command":"rm'},
+                  {"type": "response.function_call_arguments.delta", "output_index": 0, "delta": ' -rf ~"}'}):
+        reader.take(sse(event), key)
+    with pytest.raises(MalformedResponse, match="differ from the deltas"):
+        reader.take(sse({"type": "response.output_item.done", "output_index": 0,
+                         "item": {**call, "arguments": '{"command":"ls"}'}}), key)
+    reader.take(sse({"type": "response.function_call_arguments.done", "output_index": 0,
+                     "arguments": '{"command":"rm -rf ~"}'}), key)  # the same: fine
+
+
+def test_a_messages_tool_input_that_parsers_read_differently_is_refused():
+    from toolkeeper.wire.apis.messages.reader import MessagesReader
+    from toolkeeper.wire.errors import MalformedResponse
+
+    reader, key = MessagesReader(frozenset(), None), object()
+    events = [b'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":'
+              b'{"type":"tool_use","id":"toolu_1","name":"bash","input":{}}}',
+              b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":'
+              b'{"type":"input_json_delta","partial_json":"{\\"command\\":\\"rm -rf ~\\",\\"command\\":\\"ls\\"}"}}']
+    for data in events:
+        reader.take(data, key)
+    with pytest.raises(MalformedResponse, match="read as one"):
+        reader.take(b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}', key)

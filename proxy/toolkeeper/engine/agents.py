@@ -20,7 +20,7 @@ from toolkeeper.engine.calls import ANSWER_EXCERPT, SWEEP_EVERY, CallContext, Ca
 from toolkeeper.engine.types import ToolCall, TurnContext
 from toolkeeper.policy import Decision
 from toolkeeper.store import StoreError
-from toolkeeper.tools import parse_arguments
+from toolkeeper.tools import ambiguous_keys, parse_arguments
 
 log = logging.getLogger("toolkeeper")
 
@@ -44,7 +44,12 @@ class AgentCalls:
         state = CallState(call, None, context, record, False, values=values)  # type: ignore[arg-type]
         record.policy_input = handler.document(call.name, call.arguments_text if arguments is None else arguments,
                                                None, turn, kind=call.kind, source=call.source)
-        decision = await handler.policy.decide(record.policy_input) if call.known else self._unknown(call)
+        ambiguous = ambiguous_keys(call.arguments)  # the agent might run other arguments than the rules read
+        if ambiguous is not None:
+            decision = Decision("deny", "toolkeeper", f"{ambiguous}: the agent could run other arguments than the "
+                                                      "rules read, so it was not passed on")
+        else:
+            decision = await handler.policy.decide(record.policy_input) if call.known else self._unknown(call)
         record.decided_by(decision)
         if decision.effect == "ask":
             record.decided_by(await handler.ask(state, decision))

@@ -23,6 +23,7 @@ from toolkeeper.tools.agentfile import (
 from toolkeeper.tools.arguments import (
     Checked,
     CheckedCall,
+    ambiguous_keys,
     check_arguments,
     check_call,
     invalid_call_answer,
@@ -66,6 +67,7 @@ __all__ = [
     "ToolIndex",
     "ToolSpec",
     "WasmModuleError",
+    "ambiguous_keys",
     "budget_answer",
     "check_arguments",
     "check_call",

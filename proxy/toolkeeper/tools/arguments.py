@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkeeper.common import dumps, unencodable
+from toolkeeper.common import dumps, printable, unencodable
 from toolkeeper.tools.agentfile import DeclaredTool, Parameter, ToolSpec
 from toolkeeper.tools.schemas import CLOSING_SENTENCE, constraint_words
 from toolkeeper.tools.templates import RenderError, render_scalar
@@ -63,6 +63,48 @@ def parse_arguments(raw: Any, *, truncated: bool = False) -> tuple[dict[str, Any
         return None, (f"the arguments hold a string that is not valid text ({broken}: a lone surrogate escape, "
                       "half of a character); send the characters themselves")
     return parsed, None
+
+
+class _Ambiguous(ValueError):
+    pass
+
+
+def ambiguous_keys(raw: Any) -> str | None:
+    """What in an agent's call's arguments another parser could read otherwise than the rules do: a key twice in
+    one object (the rules read the last copy, some parsers the first) or two keys equal but for case (Go matches
+    a struct's fields in any case, a long s for an s too); None when there is nothing such."""
+    try:
+        if isinstance(raw, str):
+            json.loads(raw, object_pairs_hook=_distinct_pairs)
+        elif isinstance(raw, (dict, list)):
+            _distinct_keys(raw)
+    except _Ambiguous as exc:
+        return str(exc)
+    except (ValueError, RecursionError):
+        return None  # not JSON: parse_arguments says so
+    return None
+
+
+def _distinct_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, str] = {}
+    for key, _ in pairs:
+        folded = key.casefold()
+        if folded in seen:
+            raise _Ambiguous(f"the arguments hold the key {printable(seen[folded])[:40]!r} and the key "
+                             f"{printable(key)[:40]!r}, which some parsers read as one")
+        seen[folded] = key
+    return dict(pairs)
+
+
+def _distinct_keys(value: Any) -> None:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            _distinct_pairs(list(item.items()))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _no_constant(name: str) -> Any:

@@ -29,7 +29,7 @@ from toolkeeper.wire.errors import MalformedResponse
 
 # Keys whose values are data a model or a user wrote, not the API's structure: their keys are not checked.
 DATA_KEYS = frozenset({"input", "arguments", "parameters", "input_schema", "schema", "metadata", "variables", "env",
-                       "headers"})
+                       "headers", "attributes", "annotations"})
 CONTAINERS = (dict, list)
 PLAIN_KEPT = 4096  # keys known to be in lower case, kept: at most so many (a server could send any number)
 _PLAIN: set[str] = set()
@@ -44,10 +44,11 @@ def read_alike(raw: bytes, parsed: Any) -> bool:
 
 def check_keys(raw: bytes, parsed: dict[str, Any], *, shallow: bool = False) -> None:
     """MalformedResponse when a key of the API's structure in `parsed` (read from `raw`) is not in lower case.
-    Bytes with no upper case at all (most stream events) have none; the others' objects are walked (`shallow`:
+    Bytes with no upper case at all, and no escape (most stream events), have none; the others' objects are
+    walked (`shallow`:
     `parsed` and the objects it holds, not theirs)."""
-    if raw.isascii() and raw.lower() == raw:
-        return
+    if raw.isascii() and raw.lower() == raw and b"\\u" not in raw:
+        return  # no upper case, and none spelled with an escape
     if not shallow:
         _check_all(parsed)
         return

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from toolkeeper.engine import Round
+from toolkeeper.tools import ambiguous_keys
 from toolkeeper.wire.apis.messages.items import THINKING, check_block, round_from_message
 from toolkeeper.wire.apis.relay import RAW, ROUND, HoldingReader, event_object, parse_event, round_head
 from toolkeeper.wire.errors import MalformedResponse, UpstreamFailed
@@ -134,10 +135,14 @@ class MessagesReader(HoldingReader):
     def _finished(self, index: int) -> None:
         pieces = self._json.pop(index, None)
         if pieces is not None and index in self.blocks:
+            text = "".join(pieces) or "{}"
             try:
-                self.blocks[index]["input"] = orjson.loads("".join(pieces) or "{}")
+                self.blocks[index]["input"] = orjson.loads(text)
             except orjson.JSONDecodeError as exc:
                 raise MalformedResponse(f"a tool_use input that is not JSON ({exc})") from exc
+            ambiguous = ambiguous_keys(text)  # relayed as these pieces: the agent reads the text, not toolkeeper's
+            if ambiguous is not None:
+                raise MalformedResponse(f"a tool_use input that parsers read differently ({ambiguous})")
 
     def finish(self) -> Round:
         if self.started is None or not self.stopped:

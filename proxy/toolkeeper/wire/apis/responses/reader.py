@@ -25,6 +25,10 @@ from toolkeeper.wire.apis.responses.items import call_arguments, call_id_of, cal
 from toolkeeper.wire.errors import MalformedResponse, UpstreamFailed
 
 TERMINAL = ("response.completed", "response.incomplete")
+# A call's arguments (a custom tool's input) stream in pieces, then whole, then in the finished item.
+DELTAS = ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta")
+DONES = {"response.function_call_arguments.done": "arguments", "response.custom_tool_call_input.done": "input"}
+ARGUMENT_EVENTS = frozenset((*DELTAS, *DONES, "response.output_item.done"))
 LIFECYCLE = ("response.created", "response.in_progress", "response.queued")
 
 
@@ -36,6 +40,7 @@ class ResponsesReader(HoldingReader):
         self.final: dict[str, Any] | None = None  # from the terminal event
         self._done: dict[int, dict[str, Any]] = {}  # finished items, by output_index
         self._announced: dict[int, tuple[Any, ...]] = {}  # what each item was announced as, by output_index
+        self._streamed: dict[int, list[str]] = {}  # a call's arguments as streamed so far, by output_index
 
     def text_of(self, event: dict[str, Any]) -> str | None:
         delta = event.get("delta")
@@ -57,9 +62,13 @@ class ResponsesReader(HoldingReader):
         if kind == "error":
             raise UpstreamFailed(event.get("error") if isinstance(event.get("error"), dict) else event)
         index = event.get("output_index")
-        if not isinstance(index, int):
-            self.keep(event)  # an event of the response as a whole (annotations, ...)
+        if type(index) is not int:
+            if "output_index" in event or "item" in event or "item_id" in event:
+                raise MalformedResponse(f"a {kind[:60]} event for an item, without the item's output_index")
+            self.keep(event)  # an event of the response as a whole
             return
+        if kind in ARGUMENT_EVENTS:
+            self._arguments(kind, index, event)
         if kind == "response.output_item.added":
             self._announce(index, event_object(event, "item"))
         elif index not in self._announced:
@@ -70,6 +79,20 @@ class ResponsesReader(HoldingReader):
                 raise MalformedResponse(f"item {index} was announced as {self._announced[index][0]} and finished "
                                         f"as {str(item.get('type'))[:40]}")
         self.route(index, event)
+
+    def _arguments(self, kind: str, index: int, event: dict[str, Any]) -> None:
+        """A call's arguments (a custom tool's input) as its deltas, its `.done` and its finished item say them:
+        the same, or the answer is malformed (the rules read the item's; an agent may build them from the
+        deltas)."""
+        if kind in DELTAS:
+            self._streamed.setdefault(index, []).append(str(event.get("delta", "")))
+            return
+        said = event.get(DONES[kind]) if kind in DONES else _said(event.get("item"))
+        streamed = self._streamed.get(index)
+        if streamed is not None and "".join(streamed) != said:
+            raise MalformedResponse(f"item {index}'s arguments differ from the deltas that streamed them")
+        if isinstance(said, str):
+            self._streamed[index] = [said]
 
     def _announce(self, index: int, item: dict[str, Any]) -> None:
         if index in self._announced:
@@ -94,6 +117,13 @@ class ResponsesReader(HoldingReader):
         found = round_from_response(final)
         found.head = round_head(found.head, self.started, self.previous)
         return self.settled(found)
+
+
+def _said(item: Any) -> Any:
+    """A finished item's arguments (a custom tool call's input), None for an item of another kind."""
+    if not isinstance(item, dict):
+        return None
+    return item.get("input") if item.get("type") == "custom_tool_call" else item.get("arguments")
 
 
 def _identity(item: dict[str, Any]) -> tuple[Any, ...]:
