@@ -8,7 +8,8 @@ is sent with its own parser. Two things make parsers disagree on valid JSON:
 - a key in another case: Go's `encoding/json` matches a struct's fields in
   any case, Unicode's simple folding included, so a `"Tool_calls"` (or a
   `"tool_calls"` whose last s is U+017F, a long s) that toolkeeper reads as no
-  key of the API's is tool calls to a Go agent, and `"type":"text","Type":"tool_use"` a `tool_use` block.
+  key of the API's is tool calls to a Go agent, and
+  `"type":"text","Type":"tool_use"` a `tool_use` block.
 
 An answer with the first is passed on as toolkeeper re-encodes it (one copy of
 each key: `read_alike`). The APIs' keys are all lower case, and a key of their
@@ -45,8 +46,7 @@ def read_alike(raw: bytes, parsed: Any) -> bool:
 def check_keys(raw: bytes, parsed: dict[str, Any], *, shallow: bool = False) -> None:
     """MalformedResponse when a key of the API's structure in `parsed` (read from `raw`) is not in lower case.
     Bytes with no upper case at all, and no escape (most stream events), have none; the others' objects are
-    walked (`shallow`:
-    `parsed` and the objects it holds, not theirs)."""
+    walked (`shallow`: `parsed` and the objects it holds, not theirs)."""
     if raw.isascii() and raw.lower() == raw and b"\\u" not in raw:
         return  # no upper case, and none spelled with an escape
     if not shallow:

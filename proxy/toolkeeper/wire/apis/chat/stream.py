@@ -90,11 +90,10 @@ def _checked_choice(body: dict[str, Any], inner: str) -> dict[str, Any]:
     _expect(choice.get("finish_reason"), (str,), "choices[0].finish_reason")
     part = _expect(choice.get(inner), (dict,), f"choices[0].{inner}") or {}
     check_calls(part.get("tool_calls"), f"choices[0].{inner}.tool_calls")
-    for other in choices:
-        refuse_odd_keys(other)
-        refuse_odd_keys(other.get(inner) if isinstance(other, dict) else None)
     for position, other in enumerate(choices):
         other_part = other.get(inner) if isinstance(other, dict) else None
+        refuse_odd_keys(other)
+        refuse_odd_keys(other_part)
         if isinstance(other_part, dict) and other_part.get("function_call") is not None:
             # the legacy form: toolkeeper governs calls as tool_calls only, so this one cannot go on
             raise MalformedResponse(f"a legacy function_call in choices[{position}], which toolkeeper does not "
