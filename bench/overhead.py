@@ -8,7 +8,10 @@ model calls one declared tool (`/bin/true`), and the script prints:
 
 - added latency p50/p99 against direct, for the floor and for toolkeeper;
 - throughput as a ratio of the floor's;
-- CPU per request of the floor and of toolkeeper;
+- CPU per request of the floor and of toolkeeper, and their ratio. Each case runs
+  in five slices per server, taken in turn, so that the machine's noise falls on
+  both alike: CPU is the median of a server's slices, and the ratio the median
+  of toolkeeper's slice over the floor's just before it;
 - for (b), what the declared round adds beyond the command's own run time
   and the second model round: toolkeeper(b) - toolkeeper(a) - direct - /bin/true.
 
@@ -43,6 +46,8 @@ from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
+REPEATS = 5  # slices per server and case, taken in turn
+CHAT = "/chat/completions"
 
 TEXT = "The build is green and the release notes are ready for review."
 MESSAGES = [{"role": "user", "content": "Is the build green?"}]
@@ -214,8 +219,14 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    """The process's CPU time, every thread's: in nanoseconds from the scheduler where Linux keeps it (the
+    clock-tick counts of /proc/PID/stat are 10 ms steps, too coarse for the short slices measured here)."""
+    try:
+        return sum(int(Path(task, "schedstat").read_text().split()[0])
+                   for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+    except (OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 async def wait_ready(url: str) -> None:
@@ -231,7 +242,7 @@ async def wait_ready(url: str) -> None:
 
 
 async def measure(url: str, body: dict, concurrency: int, total: int, pid: int | None,
-                  path: str = "/chat/completions") -> dict:
+                  path: str = "/chat/completions", warm: int = 50) -> dict:
     """Each request differs by a counter: identical ones would be taken for retries and replayed."""
     latencies: list[float] = []
     counter = iter(range(10**9))
@@ -253,7 +264,7 @@ async def measure(url: str, body: dict, concurrency: int, total: int, pid: int |
                     raise RuntimeError(f"{url}: {response.status}")
             latencies.append(time.perf_counter() - started)
 
-        for _ in range(min(50, total)):  # warm the pools
+        for _ in range(min(warm, total)):  # warm the pools
             await one()
         latencies.clear()
         cpu_before = cpu_seconds(pid) if pid else 0.0
@@ -268,8 +279,32 @@ async def measure(url: str, body: dict, concurrency: int, total: int, pid: int |
         elapsed = time.perf_counter() - started
         cpu = (cpu_seconds(pid) - cpu_before) if pid else 0.0
     latencies.sort()
-    return {"p50": statistics.median(latencies), "p99": latencies[int(len(latencies) * 0.99) - 1],
-            "rps": total / elapsed, "cpu_us": cpu / total * 1e6}
+    return {"latencies": latencies, "elapsed": elapsed, "total": total, "cpu_us": cpu / total * 1e6}
+
+
+async def compare(targets: dict[str, tuple[str, str, dict]], pids: dict, concurrency: int, total: int,
+                  repeats: int = REPEATS) -> dict:
+    """The same load (`targets`: a name's base URL, path and body) on each in turn, `repeats` times over, in
+    slices of `total // repeats` requests, so that what the machine does meanwhile falls on all of them alike.
+    Per name: latencies over every slice, throughput over their time, CPU per request the median of its
+    slices'; and its CPU per request over that of the name measured just before it, the median over the
+    repeats (`cpu_ratio`): paired, as the noise of one moment is shared by the slices measured in it."""
+    slices: dict[str, list[dict]] = {name: [] for name in targets}
+    for repeat in range(repeats):
+        for name, (url, path, body) in targets.items():
+            slices[name].append(await measure(url, body, concurrency, total // repeats, pids.get(name), path,
+                                              warm=50 if repeat == 0 else 5))
+    row, previous = {}, None
+    for name, measured in slices.items():
+        latencies = sorted(latency for one in measured for latency in one["latencies"])
+        row[name] = {"p50": statistics.median(latencies), "p99": latencies[int(len(latencies) * 0.99) - 1],
+                     "rps": sum(one["total"] for one in measured) / sum(one["elapsed"] for one in measured),
+                     "cpu_us": statistics.median(one["cpu_us"] for one in measured)}
+        if previous is not None and pids.get(name) and pids.get(previous):
+            row[name]["cpu_ratio"] = statistics.median(mine["cpu_us"] / theirs["cpu_us"] for mine, theirs
+                                                       in zip(measured, slices[previous], strict=True))
+        previous = name
+    return row
 
 
 async def true_run_time(samples: int) -> float:
@@ -321,19 +356,20 @@ async def run(quick: bool) -> int:
         sizes = {1: 300 if quick else 2000, 32: 600 if quick else 6000}
         print(f"toolkeeper overhead, {os.cpu_count()} cores; latencies in ms, added = minus direct\n")
         print(f"{'case':<26}{'conc':>5}{'direct p50':>11}{'floor +p50':>11}{'tk +p50':>9}{'tk +p99':>9}"
-              f"{'floor rps':>10}{'tk rps':>8}{'tk/floor':>9}{'floor cpu':>10}{'tk cpu':>8}")
+              f"{'floor rps':>10}{'tk rps':>8}{'tk/floor':>9}{'floor cpu':>10}{'tk cpu':>8}{'cpu ratio':>10}")
         results = {}
         for stream in (False, True):
             body = {"model": "b", "messages": MESSAGES, "stream": stream}
             for concurrency, total in sizes.items():
-                row = {name: await measure(url, body, concurrency, total, pids[name]) for name, url in urls.items()}
+                row = await compare({name: (url, CHAT, body) for name, url in urls.items()}, pids, concurrency, total)
                 results[(stream, concurrency)] = row
                 d, f, t = row["direct"], row["floor"], row["toolkeeper"]
                 ratio = t["rps"] / f["rps"]
                 name = f"(a) no declared call{' SSE' if stream else ''}"
                 print(f"{name:<26}{concurrency:>5}{d['p50'] * 1e3:>11.3f}{(f['p50'] - d['p50']) * 1e3:>11.3f}"
                       f"{(t['p50'] - d['p50']) * 1e3:>9.3f}{(t['p99'] - d['p99']) * 1e3:>9.3f}{f['rps']:>10.0f}"
-                      f"{t['rps']:>8.0f}{ratio:>9.2f}{f['cpu_us']:>8.0f}µs{t['cpu_us']:>6.0f}µs")
+                      f"{t['rps']:>8.0f}{ratio:>9.2f}{f['cpu_us']:>8.0f}µs{t['cpu_us']:>6.0f}µs"
+                      f"{t['cpu_ratio']:>10.2f}")
 
         true_time = await true_run_time(50 if quick else 300)
         print(f"\n/bin/true's own run time (asyncio subprocess, p50): {true_time * 1e3:.3f} ms")
@@ -342,14 +378,15 @@ async def run(quick: bool) -> int:
         for stream in (False, True):
             body = {"model": "b", "messages": [{"role": "user", "content": "call"}], "stream": stream}
             for concurrency, total in {1: sizes[1] // 2, 32: sizes[32] // 2}.items():
-                b = await measure(urls["toolkeeper"], body, concurrency, total, pids["toolkeeper"])
+                b = (await compare({"toolkeeper": (urls["toolkeeper"], CHAT, body)}, pids, concurrency,
+                                   total))["toolkeeper"]
                 a = results[(stream, concurrency)]["toolkeeper"]
                 direct = results[(stream, concurrency)]["direct"]
                 added = b["p50"] - a["p50"] - direct["p50"] - true_time
                 name = f"(b) one declared call{' SSE' if stream else ''}"
                 print(f"{name:<26}{concurrency:>5}{b['p50'] * 1e3:>11.3f}{a['p50'] * 1e3:>11.3f}"
                       f"{direct['p50'] * 1e3:>9.3f}{added * 1e3:>9.3f}{b['rps']:>10.0f}")
-        await responses_cases(urls, pids, sizes, results)
+        await responses_cases(urls, pids, sizes)
     except Exception as exc:  # a broken run must say so, not print half a table
         print(f"benchmark failed: {exc}", file=sys.stderr)
         failed = True
@@ -361,9 +398,9 @@ async def run(quick: bool) -> int:
     return 1 if failed else 0
 
 
-async def responses_cases(urls: dict, pids: dict, sizes: dict, chat: dict) -> None:
+async def responses_cases(urls: dict, pids: dict, sizes: dict) -> None:
     """(c) the same turn over the Responses API and (d) over the Messages API: toolkeeper's cost against its
-    Chat Completions one."""
+    Chat Completions one, measured in turn with it."""
     print(f"\n{'case':<26}{'conc':>5}{'direct p50':>11}{'tk +p50':>9}{'tk rps':>8}{'tk cpu':>8}"
           f"{'chat cpu':>9}{'api/chat':>10}")
     apis = (("(c) Responses", "/responses", "input", {}), ("(d) Messages", "/messages", "messages",
@@ -372,14 +409,16 @@ async def responses_cases(urls: dict, pids: dict, sizes: dict, chat: dict) -> No
         for stream in (False, True):
             body = {"model": "b", key: [{"role": "user", "content": MESSAGES[0]["content"]}], "stream": stream,
                     **extra}
+            chat_body = {"model": "b", "messages": MESSAGES, "stream": stream}
             for concurrency, total in sizes.items():
-                d = await measure(urls["direct"], body, concurrency, total, None, path)
-                t = await measure(urls["toolkeeper"], body, concurrency, total, pids["toolkeeper"], path)
-                c = chat[(stream, concurrency)]["toolkeeper"]
+                row = await compare({"direct": (urls["direct"], path, body),
+                                     "chat": (urls["toolkeeper"], CHAT, chat_body),
+                                     "api": (urls["toolkeeper"], path, body)},
+                                    {"chat": pids["toolkeeper"], "api": pids["toolkeeper"]}, concurrency, total)
+                d, c, t = row["direct"], row["chat"], row["api"]
                 name = f"{label}, no call{' SSE' if stream else ''}"
                 print(f"{name:<26}{concurrency:>5}{d['p50'] * 1e3:>11.3f}{(t['p50'] - d['p50']) * 1e3:>9.3f}"
-                      f"{t['rps']:>8.0f}{t['cpu_us']:>6.0f}µs{c['cpu_us']:>7.0f}µs"
-                      f"{t['cpu_us'] / c['cpu_us']:>10.2f}")
+                      f"{t['rps']:>8.0f}{t['cpu_us']:>6.0f}µs{c['cpu_us']:>7.0f}µs{t['cpu_ratio']:>10.2f}")
 
 
 def main() -> int:

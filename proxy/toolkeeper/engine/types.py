@@ -75,7 +75,7 @@ class Round:
         return message
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__
 class Visible:
     """Text the agent may read now (`content`, `reasoning_content`, ...).
 
@@ -96,7 +96,7 @@ class Visible:
     last: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Working:
     """A declared call is being decided or run; nothing else will come for a while. `head`: the turn's first
     round's, so that a writer can begin its answer before it waits."""
