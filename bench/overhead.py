@@ -24,7 +24,7 @@ concurrency 1; (b) the declared round adds <= 2 ms beyond the command's run;
 (c), (d) a Responses or Messages turn with no declared call costs within 10% of
 a Chat Completions one.
 
-    python bench/overhead.py            # the full run (about a minute)
+    python bench/overhead.py            # the full run (about a minute and a half)
     python bench/overhead.py --quick    # a smoke run
 """
 
@@ -219,12 +219,12 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """The process's CPU time, every thread's: in nanoseconds from the scheduler where Linux keeps it (the
-    clock-tick counts of /proc/PID/stat are 10 ms steps, too coarse for the short slices measured here)."""
+    """The process's CPU time, every thread's (those that ended too), in nanoseconds from the kernel's clock
+    of that process where Linux gives it (the clock-tick counts of /proc/PID/stat are 10 ms steps, too coarse
+    for the short slices measured here)."""
     try:
-        return sum(int(Path(task, "schedstat").read_text().split()[0])
-                   for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
-    except (OSError, ValueError, IndexError):
+        return time.clock_gettime(((~pid) << 3) | 2)  # Linux's CPU clock id of a process: CPUCLOCK_SCHED
+    except OSError:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / TICKS
 
@@ -264,15 +264,16 @@ async def measure(url: str, body: dict, concurrency: int, total: int, pid: int |
                     raise RuntimeError(f"{url}: {response.status}")
             latencies.append(time.perf_counter() - started)
 
-        for _ in range(min(warm, total)):  # warm the pools
-            await one()
-        latencies.clear()
-        cpu_before = cpu_seconds(pid) if pid else 0.0
-        queue = iter(range(total))
+        queue = iter(range(max(warm, concurrency)))
 
         async def worker() -> None:
             for _ in queue:
                 await one()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))  # warm the pools: a connection a worker
+        latencies.clear()
+        cpu_before = cpu_seconds(pid) if pid else 0.0
+        queue = iter(range(total))
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
