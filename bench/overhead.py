@@ -280,7 +280,9 @@ async def measure(url: str, body: dict, concurrency: int, total: int, pid: int |
         elapsed = time.perf_counter() - started
         cpu = (cpu_seconds(pid) - cpu_before) if pid else 0.0
     latencies.sort()
-    return {"latencies": latencies, "elapsed": elapsed, "total": total, "cpu_us": cpu / total * 1e6}
+    return {"p50": statistics.median(latencies), "p99": latencies[int(len(latencies) * 0.99) - 1],
+            "rps": total / elapsed, "cpu_us": cpu / total * 1e6, "latencies": latencies, "elapsed": elapsed,
+            "total": total}
 
 
 async def compare(targets: dict[str, tuple[str, str, dict]], pids: dict, concurrency: int, total: int,

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -105,6 +106,20 @@ class Servers:
                 each.wait(15)
 
 
+def listening(port: int, within: float = 15.0) -> None:
+    """Wait until something accepts connections on `port` (HAProxy can take over half a second to bind on a
+    loaded machine, and wrk would find nothing there)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listens on port {port} after {within:.0f} s") from None
+            time.sleep(0.05)
+
+
 def wrk(url: str, body: dict, seconds: int) -> float:
     script = Path(tempfile.mkstemp(suffix=".lua")[1])
     script.write_text(WRK_SCRIPT.format(body=json.dumps(body)))
@@ -127,7 +142,7 @@ def workers_case(servers: Servers, quick: bool) -> None:
     config.write_text(CANNED.format(port=port, sse=servers.workdir / "sse.txt", whole=servers.workdir / "whole.json"))
     haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
     servers.start([haproxy, "-f", str(config), "-db"])
-    time.sleep(0.5)
+    listening(port)
     canned = f"http://127.0.0.1:{port}/v1"
     seconds = 3 if quick else 10
     print(f"(e) throughput at concurrency 32 (wrk, {seconds} s each), no declared call")
