@@ -279,10 +279,13 @@ async def measure(url: str, body: dict, concurrency: int, total: int, pid: int |
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
         cpu = (cpu_seconds(pid) - cpu_before) if pid else 0.0
-    latencies.sort()
-    return {"p50": statistics.median(latencies), "p99": latencies[int(len(latencies) * 0.99) - 1],
-            "rps": total / elapsed, "cpu_us": cpu / total * 1e6, "latencies": latencies, "elapsed": elapsed,
-            "total": total}
+    return {**percentiles(latencies), "rps": total / elapsed, "cpu_us": cpu / total * 1e6, "latencies": latencies,
+            "elapsed": elapsed, "total": total}
+
+
+def percentiles(latencies: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {"p50": statistics.median(ordered), "p99": ordered[int(len(ordered) * 0.99) - 1]}
 
 
 async def compare(targets: dict[str, tuple[str, str, dict]], pids: dict, concurrency: int, total: int,
@@ -299,8 +302,7 @@ async def compare(targets: dict[str, tuple[str, str, dict]], pids: dict, concurr
                                               warm=50 if repeat == 0 else 5))
     row, previous = {}, None
     for name, measured in slices.items():
-        latencies = sorted(latency for one in measured for latency in one["latencies"])
-        row[name] = {"p50": statistics.median(latencies), "p99": latencies[int(len(latencies) * 0.99) - 1],
+        row[name] = {**percentiles([latency for one in measured for latency in one["latencies"]]),
                      "rps": sum(one["total"] for one in measured) / sum(one["elapsed"] for one in measured),
                      "cpu_us": statistics.median(one["cpu_us"] for one in measured)}
         if previous is not None and pids.get(name) and pids.get(previous):
