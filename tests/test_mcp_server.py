@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from conftest import GATED, LOOKUP, RELEASE, Process, audit_cli, free_port, run_cli, write_agent
+from conftest import GATED, LOOKUP, RELEASE, YOLO, Process, audit_cli, free_port, recording_tool, run_cli, write_agent
 
 TOKEN = "approver-token-for-the-mcp-tests-0123456789"
 AGENT_KEY = "mcp-agent-key-0123456789"
@@ -210,3 +210,45 @@ def test_elicitation_asks_the_clients_user_when_no_channel_can(directory, tmp_pa
         if entry["tool"] == "release" and (entry["arguments"] or {}).get("version") in ("2.1.0", "2.2.0")]
     assert {(entry["status"], entry["approver"]) for entry in entries} == {
         ("ok", "mcp-tests (MCP elicitation)"), ("denied", "mcp-tests (MCP elicitation)")}
+
+
+DISCOVERABLE = recording_tool("export_table", "table", "Write a table to a file.", "The table name.") + """
+        visibility: discoverable
+        keywords: [csv, spreadsheet]
+"""
+
+
+async def search_then_call(client) -> None:
+    """A discoverable tool: not listed until a search finds it, then listed and called on the client's next
+    requests (each of which the SDK serves with a session of its own)."""
+    assert {tool.name for tool in (await client.list_tools()).tools} == {"lookup", "search_tools"}
+    found = await client.call_tool("search_tools", {"query": "export a csv spreadsheet"})
+    assert not found.is_error and "export_table" in text_of(found), text_of(found)
+    assert {tool.name for tool in (await client.list_tools()).tools} == {"lookup", "search_tools", "export_table"}
+    result = await client.call_tool("export_table", {"table": "orders"})
+    assert not result.is_error and "orders" in text_of(result), text_of(result)
+
+
+def test_a_tool_a_search_found_is_listed_and_called_over_either_transport(tmp_path):
+    import hashlib
+
+    from mcp import Client, StdioServerParameters
+
+    write_agent(tmp_path, AGENTS + YOLO + LOOKUP + DISCOVERABLE, key=hashlib.sha256(AGENT_KEY.encode()).hexdigest())
+    port = free_port()
+
+    async def over_stdio_then_http() -> None:
+        params = StdioServerParameters(command=sys.executable, args=["-m", "toolkeeper", "mcp",
+                                                                      str(tmp_path / "agent.yaml")],
+                                       env={**toolkeeper_env(port), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+        async with Client(params, client_info=_client_info()) as client:
+            await search_then_call(client)
+        process = Process([sys.executable, "-m", "toolkeeper", "serve", str(tmp_path / "agent.yaml"), "--log-level",
+                           "WARNING"], "toolkeeper listening on", env=toolkeeper_env(port))
+        try:
+            async with over_http(process.url) as client:
+                await search_then_call(client)
+        finally:
+            process.stop()
+
+    asyncio.run(over_stdio_then_http())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
+from collections import OrderedDict
 from typing import Any
 
 from toolkeeper.common import printable
@@ -22,6 +23,8 @@ from toolkeeper.policy import Consent, ConsentAnswer, ConsentRequest
 log = logging.getLogger("toolkeeper")
 
 AGENT_SCOPE_KEY = "toolkeeper.agent"  # the ASGI scope's entry naming the agent an HTTP request came from
+SESSION_HEADER = "mcp-session-id"  # Streamable HTTP's session, once the client initialised one
+CLIENTS_KEPT = 4096  # the clients whose searches are remembered, the least recent forgotten first
 INSTRUCTIONS = ("Tools served by toolkeeper: each call is checked against its declaration and the security team's "
                 "rules, may wait for a person's approval, and is recorded.")
 
@@ -53,13 +56,21 @@ def build_server(door: McpDoor, configured: Consent, version: str = "") -> Any:
     import mcp_types as types
     from mcp.server.lowlevel import Server
 
+    # The SDK hands each request a session of its own (elicitation goes through it), so what a client's searches
+    # found is kept by the client: its process over stdio, its agent and MCP session over HTTP.
     sessions: weakref.WeakKeyDictionary[Any, McpSession] = weakref.WeakKeyDictionary()
+    found_by_client: OrderedDict[tuple[str, ...], set[str]] = OrderedDict()
 
     def session_of(ctx: Any) -> McpSession:
-        found = sessions.get(ctx.session)
-        if found is None:
-            found = sessions[ctx.session] = _new_session(ctx, configured, types)
-        return found
+        session = sessions.get(ctx.session)
+        if session is None:
+            session = sessions[ctx.session] = _new_session(ctx, configured, types)
+            client = _client_key(ctx, session)
+            session.found = found_by_client.setdefault(client, session.found)
+            found_by_client.move_to_end(client)
+            if len(found_by_client) > CLIENTS_KEPT:
+                found_by_client.popitem(last=False)
+        return session
 
     async def list_tools(ctx: Any, params: Any) -> Any:
         tools = await door.list_tools(session_of(ctx))
@@ -76,6 +87,16 @@ def build_server(door: McpDoor, configured: Consent, version: str = "") -> Any:
 
     return Server("toolkeeper", version=version, instructions=INSTRUCTIONS, on_list_tools=list_tools,
                   on_call_tool=call_tool)
+
+
+def _client_key(ctx: Any, session: McpSession) -> tuple[str, ...]:
+    """Who a request comes from, across requests: over stdio the one client of the process; over HTTP the agent,
+    and its MCP session when it has one."""
+    request = getattr(ctx, "request", None)
+    if request is None:
+        return ("stdio",)
+    headers = getattr(request, "headers", None) or {}
+    return ("http", session.agent, headers.get(SESSION_HEADER) or "")
 
 
 def _new_session(ctx: Any, configured: Consent, types: Any) -> McpSession:
