@@ -54,6 +54,12 @@ def send(tk, method: str, path: str, body: dict | None = None, headers: dict | N
     ("POST", "/v1/batches", {"input_file_id": "f", "endpoint": "/v1/chat/completions"}, None, "batches"),
     ("POST", "/v1/completions", {"model": "m", "prompt": "hi", "tools": [{"type": "function"}]}, None,
      "completions_with_tools"),
+    # under another prefix (Azure's, reached through `toolkeeper intercept`), or in another case
+    ("POST", "/openai/threads/runs", {"assistant_id": "a"}, None, "assistants_runs"),
+    ("POST", "/openai/v1/realtime/client_secrets", {"session": {"type": "realtime"}}, None, "realtime"),
+    ("POST", "/openai/deployments/gpt/completions", {"prompt": "hi", "functions": [{"name": "f"}]}, None,
+     "completions_with_tools"),
+    ("POST", "/v1/Realtime/calls", {}, None, "realtime"),
 ], ids=lambda value: value if isinstance(value, str) and value.startswith("/") else None)
 def test_a_tool_capable_endpoint_toolkeeper_does_not_govern_is_refused(scripted, governing, method, path, body,
                                                                          headers, endpoint):
@@ -75,7 +81,9 @@ def test_a_websocket_on_the_messages_path_is_refused_in_anthropics_shape(scripte
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions/", "//v1/chat/completions", "/v1//chat/completions",
                                   "/v1/chat/completions;x", "/v1/responses/", "/v1/messages;a=b",
-                                  "/v1/chat%2Fcompletions"])
+                                  "/v1/chat%2Fcompletions", "/v1/chat/./completions", "/v1/x/../chat/completions",
+                                  "/v1/chat/%2e/completions", "/v1/./responses", "/v1/./messages",
+                                  "/v1/Chat/Completions", "/V1/responses", "/v1/chat\\completions"])
 def test_a_governed_path_spelled_otherwise_is_refused_not_forwarded(scripted, governing, path):
     scripted.script({"content": "should never be asked"})
     status, answer = send(governing, "POST", path, {"model": "m", "messages": user(), "input": "hi"})

@@ -4,14 +4,17 @@
     /v1/models, embeddings, files, count_tokens, ...         data: passed on untouched
     a WebSocket upgrade, /v1/realtime, Assistants runs,
       batches, legacy /v1/completions with tools             tool-capable, and not governed: refused
-    a path read differently than the model server reads it   refused (//v1/chat/completions, ;x, a trailing /)
+    a path read differently than the model server reads it   refused (//v1/chat/completions, ;x, a trailing /,
+                                                               ./ and ../, a backslash, a governed path in
+                                                               another case)
 
 A tool-capable endpoint is refused unless the operator lets it through by
 name (`--pass-ungoverned PATH`); each one passed is logged once and counted.
 An endpoint toolkeeper does not speak but that calls no tool (`/v1/responses/
 compact`, `/v1/completions` without tools) is passed and counted, never
 silently. Paths are compared normalised, so no spelling of a governed path
-reaches the model server untouched.
+reaches the model server untouched, and the tool-capable ones are found under
+any prefix (Azure's `/openai/...`, reached through `toolkeeper intercept`).
 """
 
 from __future__ import annotations
@@ -26,12 +29,17 @@ from toolkeeper.metrics import Metrics
 
 log = logging.getLogger("toolkeeper")
 
-# Tool-capable endpoints toolkeeper does not govern: (name, path pattern under /v1, methods; None: any).
+# Tool-capable endpoints toolkeeper does not govern: (name, path pattern under /v1 or any prefix, methods; None:
+# any). Case is ignored: a server whose routes ignore it would answer another spelling as the endpoint.
+ANY_PREFIX = r"(?:.+/)?"
 UNGOVERNED = (
-    ("realtime", re.compile(r"realtime(/.*)?"), None),  # sessions, client secrets, WebRTC calls, the socket
-    ("assistants_runs", re.compile(r"threads/(runs|[^/]+/runs(/.*)?)"), ("POST",)),
-    ("batches", re.compile(r"(batches|messages/batches)"), ("POST",)),
+    ("realtime", re.compile(ANY_PREFIX + r"realtime(/.*)?", re.IGNORECASE), None),  # sessions, secrets, calls, socket
+    ("assistants_runs", re.compile(ANY_PREFIX + r"threads/(runs|[^/]+/runs(/.*)?)", re.IGNORECASE), ("POST",)),
+    ("batches", re.compile(ANY_PREFIX + r"(batches|messages/batches)", re.IGNORECASE), ("POST",)),
 )
+# The governed APIs' paths under /v1, which the engine answers only spelled exactly so.
+GOVERNED = ("chat/completions", "responses", "messages")
+LEGACY_COMPLETIONS = re.compile(ANY_PREFIX + r"completions", re.IGNORECASE)
 # Model endpoints toolkeeper does not speak, whose model calls no tool: passed, counted.
 UNSPOKEN = (("responses_compact", re.compile(r"responses/compact")), ("completions", re.compile(r"completions")))
 # Every name an ungoverned endpoint is counted by: the table's, a WebSocket, a legacy completion offering tools.
@@ -49,9 +57,31 @@ class Verdict:
 
 
 def normalised(path: str) -> str:
-    """A path as a model server would read it: one slash between segments, no `;parameters`, no trailing slash."""
-    segments = [segment.split(";", 1)[0] for segment in path.split("/")]
-    return "/" + "/".join(segment for segment in segments if segment)
+    """A path as a model server would read it: one slash between segments, no `;parameters`, `.` and `..`
+    resolved (as a client library resolves them on the way out), no trailing slash."""
+    kept: list[str] = []
+    for segment in path.split("/"):
+        segment = segment.split(";", 1)[0]
+        if segment == "..":
+            del kept[-1:]
+        elif segment and segment != ".":
+            kept.append(segment)
+    return "/" + "/".join(kept)
+
+
+def legacy_completion(path: str) -> bool:
+    """A legacy completion's path (`/v1/completions`, Azure's `/openai/deployments/NAME/completions`)."""
+    under = under_v1(normalised(path))
+    return LEGACY_COMPLETIONS.fullmatch(under) is not None and not under.lower().endswith("chat/completions")
+
+
+def another_spelling(path: str, raw_path: str) -> bool:
+    """A path a model server may read as another: not normalised, an escaped slash, a backslash (some servers
+    take it for a slash), or a governed API's path in another case."""
+    if normalised(path) != path or "%2f" in raw_path.lower() or "\\" in path:
+        return True
+    lowered = under_v1(path.lower())
+    return lowered != under_v1(path) and any(lowered == api or lowered.startswith(api + "/") for api in GOVERNED)
 
 
 def under_v1(path: str) -> str:
@@ -73,7 +103,7 @@ class Endpoints:
 
     def verdict(self, request: web.Request, body: dict | None = None) -> Verdict:
         path = normalised(request.path)
-        if path != request.path or "%2f" in request.raw_path.lower():
+        if another_spelling(request.path, request.raw_path):
             return Verdict("path_variant", f"toolkeeper forwards no path it reads differently from the model "
                                            f"server ({request.path!r} is {path!r}): send the path as it is")
         name = self._ungoverned(request, under_v1(path), body)
@@ -98,7 +128,7 @@ class Endpoints:
                 return name
         if request.headers.get("Upgrade", "").lower() == "websocket":
             return "websocket"
-        if path == "completions" and request.method == "POST" and any(key in (body or {}) for key in LEGACY_TOOLS):
+        if legacy_completion(path) and request.method == "POST" and any(key in (body or {}) for key in LEGACY_TOOLS):
             return "completions_with_tools"
         return ""
 

@@ -28,7 +28,7 @@ from toolkeeper.store import Store, StoreError
 from toolkeeper.tracing import Tracing
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
 from toolkeeper.wire.apis import ChatCompletions, MessagesAPI, ResponsesAPI, count_tokens_body, credentials_hash
-from toolkeeper.wire.endpoints import Endpoints, normalised, under_v1
+from toolkeeper.wire.endpoints import Endpoints, legacy_completion
 from toolkeeper.wire.errors import OPENAI, UpstreamError, shape_of, store_unavailable, unreachable
 from toolkeeper.wire.guard import OPEN_PATHS, AgentKeys, OriginGuard
 from toolkeeper.wire.hooks_api import PATH as HOOKS_PATH
@@ -243,7 +243,7 @@ def _sets_own_cookie(name: str, value: str) -> bool:
 async def other_endpoint(request: web.Request, endpoints: Endpoints) -> web.StreamResponse:
     """A request no agent API answers: a data endpoint goes upstream untouched, an ungoverned one is refused."""
     body = parsed = None
-    if request.method == "POST" and under_v1(normalised(request.path)) == "completions":
+    if request.method == "POST" and legacy_completion(request.path):
         body = await request.read()  # a legacy completion: tool-capable only when its body offers tools
         with contextlib.suppress(orjson.JSONDecodeError):
             parsed = orjson.loads(body)
