@@ -324,6 +324,11 @@ def test_arguments_nested_300_deep_are_answered(scripted, tkh):
     {"choices": [{"message": {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
                                                                     "function": {"name": ["lookup"]}}]}}]},
     {"choices": [{"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}], "usage": 5},
+    # a custom tool's call, and a call with no name: no rule could decide on either
+    {"choices": [{"message": {"role": "assistant", "tool_calls": [{"id": "c1", "type": "custom", "custom": {
+        "name": "danger", "input": "rm -rf /"}}]}, "finish_reason": "tool_calls"}]},
+    {"choices": [{"message": {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "arguments": "{}"}}]}, "finish_reason": "tool_calls"}]},
 ])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_a_malformed_model_response_is_a_502(scripted, tkh, body, stream):
@@ -428,3 +433,19 @@ def test_an_upstream_password_is_refused_and_never_printed(tmp_path):
                          capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert run.returncode == 2 and "must not carry user:password@" in run.stderr
     assert "hunter2" not in run.stderr + run.stdout
+
+
+@pytest.mark.parametrize("call_delta", [
+    {"index": 0, "id": "c1", "type": "custom", "custom": {"name": "danger", "input": "rm -rf /"}},
+    {"index": 0, "id": "c1", "type": "function", "function": {"arguments": "{}"}},
+], ids=["custom", "nameless"])
+def test_a_streamed_call_no_rule_could_decide_on_is_a_502_not_passed_on(scripted, tkh, call_delta):
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    events = [{**head, "choices": [{"index": 0, "delta": {"tool_calls": [call_delta]}, "finish_reason": None}]},
+              {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}]
+    scripted.script({"raw": "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n",
+                     "content_type": "text/event-stream"})
+    response, data = post(tkh, CHAT, json.dumps({"model": "m", "messages": user(), "stream": True}).encode(),
+                          {"Content-Type": "application/json"})
+    assert response.status == 502, data
+    assert json.loads(data)["error"]["code"] == "upstream_malformed" and b"danger" not in data

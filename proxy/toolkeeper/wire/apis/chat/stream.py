@@ -46,6 +46,12 @@ def check_calls(calls: Any, where: str) -> list[dict[str, Any]]:
             raise MalformedResponse(f"{at} must be an object, got null")
         refuse_odd_keys(call)
         refuse_odd_keys(call.get("function"))
+        kind = call.get("type")
+        if (kind is not None and kind != "function") or "custom" in call:
+            # a custom tool's call ({type: custom, custom: {name, input}}) or a type to come: not read as a function
+            # call with no name, which no rule could match
+            raise MalformedResponse(f"{at} is a call of type {str(kind)[:40]!r}, which toolkeeper does not govern on "
+                                    "Chat Completions (it governs function calls): send the tool as a function")
         _expect(call.get("id"), (str, int), f"{at}.id")
         _expect(call.get("index"), (int,), f"{at}.index")
         function = _expect(call.get("function"), (dict,), f"{at}.function") or {}
@@ -230,6 +236,7 @@ class StreamAssembler:
         for key, pieces in self._text.items():
             self.message[key] = "".join(pieces)
         calls = [ToolCall(c.id, c.name, c.obj if c.obj is not None else c.text, c.extra) for c in self.calls]
+        _named(calls)
         normalized = any(c.obj is not None for c in self.calls)
         normalized |= _fix_ids(calls, self.head.get("id"))
         return Round(self.head, self.message, calls, self.finish_reason, self.usage, normalized=normalized)
@@ -248,11 +255,19 @@ def round_from_response(raw: bytes, body: dict[str, Any]) -> Round:
         normalized |= isinstance(arguments, dict)
         extra = {k: v for k, v in entry.items() if k not in ("index", "id", "type", "function")}
         calls.append(ToolCall(entry.get("id"), function.get("name") or "", arguments, extra))
+    _named(calls)
     if calls:
         normalized |= _fix_ids(calls, body.get("id"))
         normalized |= choice.get("finish_reason") not in ("tool_calls", "length")
     head = {key: body[key] for key in HEAD_FIELDS if key in body}
     return Round(head, message, calls, choice.get("finish_reason"), body.get("usage"), raw=raw, normalized=normalized)
+
+
+def _named(calls: list[ToolCall]) -> None:
+    """A call without a name is none the rules could decide on: the answer is malformed, not passed on."""
+    for position, call in enumerate(calls):
+        if not call.name:
+            raise MalformedResponse(f"tool call {position} has no function name")
 
 
 def _fix_ids(calls: list[ToolCall], response_id: Any) -> bool:
