@@ -236,3 +236,35 @@ def test_the_mcp_connectors_allowed_tools_lose_the_ones_the_rules_deny(scripted,
         ("github", ["list_repos"]), ("github2", ["read_file"])]
     withheld = {r["tool"] for r in hosted_records(tkm) if r["status"] == "withheld"}
     assert {"mcp__github__delete_repo", "mcp__github__delete_branch"} <= withheld
+
+
+@pytest.mark.parametrize("kind", ["web_search_2025_08_26", "web_search_preview_2025_03_11"])
+def test_a_dated_version_of_a_hosted_tool_is_the_same_tool_to_the_rules(scripted, tkh, kind):
+    scripted.script({"content": "Nothing searched."})
+    answer = tkh.client().responses.create(model="m", input="What is new today?", tools=[{"type": kind}])
+    assert answer.output_text == "Nothing searched."
+    assert [t["type"] for t in scripted.bodies()[0].get("tools", []) if t["type"] != "function"] == []
+    withheld = [r for r in hosted_records(tkh) if r["status"] == "withheld"]
+    assert (withheld[-1]["tool"], withheld[-1]["policy_input"]["tool"]["kind"], withheld[-1]["decision_rule"]) == (
+        "web_search", kind, "no-web-search")
+
+
+def test_a_tool_type_toolkeeper_does_not_know_is_the_model_servers_and_the_rules_decide_on_its_offer(scripted,
+                                                                                                       tmp_path):
+    rules = RULES + """
+  - id: no-programs
+    effect: deny
+    reason: No programmatic tool calling here.
+    when: {source: hosted, tool: programmatic_tool_calling}
+"""
+    for tk in toolkeeper_with_rules(scripted, tmp_path, rules):
+        scripted.script({"content": "Done without it."}, {"content": "Done with it."})
+        answer = tk.client().responses.create(model="m", input="Go.", tools=[{"type": "programmatic_tool_calling"}])
+        assert answer.output_text == "Done without it."
+        assert [t["type"] for t in scripted.bodies()[0].get("tools", []) if t["type"] != "function"] == []
+        answer = tk.client().responses.create(model="m", input="Go.", tools=[{"type": "image_generation_2026_01_01"}])
+        assert answer.output_text == "Done with it."  # no rule names it: offered, as the default for hosted tools
+        assert [t["type"] for t in scripted.bodies()[-1]["tools"] if t["type"] != "function"] == [
+            "image_generation_2026_01_01"]
+        withheld = [r for r in hosted_records(tk) if r["status"] == "withheld"]
+        assert [(r["tool"], r["decision_rule"]) for r in withheld] == [("programmatic_tool_calling", "no-programs")]

@@ -29,7 +29,9 @@ AFTER_RESULTS = "_after_results"  # the rest of a user message whose tool_result
 CALL_BLOCK = "_block"  # the original block of a call
 THINKING = ("thinking", "redacted_thinking")
 # The tools Anthropic's servers run (server tools): their types begin so, with a date after (web_search_20250305).
-SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_")
+# The tools the agent runs (its own, and Anthropic's client tools); any other type Anthropic's servers run
+# (web_search_*, web_fetch_*, code_execution_*, tool_search_tool_*, and types to come): governed on the offer.
+CLIENT_TOOLS = ("custom", "bash_", "text_editor_", "computer_", "memory_")
 SERVER_CALLS = ("server_tool_use", "mcp_tool_use")  # their calls in an answer; a block with the call's id follows
 ROLES = ("user", "assistant", "system")
 
@@ -103,12 +105,12 @@ def hosted_tool(entry: Any) -> tuple[str, str] | None:
     rules, its kind); None for the agent's own."""
     if not isinstance(entry, dict):
         return None
-    kind = str(entry.get("type") or "")
-    if kind.startswith(SERVER_TOOLS):
-        return str(entry.get("name") or kind.rsplit("_", 1)[0]), kind
+    kind = str(entry.get("type") or "custom")
     if kind == "url" and "name" in entry:  # an `mcp_servers` entry
         return f"mcp__{entry['name']}__*", "mcp_server"
-    return None
+    if kind.startswith(CLIENT_TOOLS):
+        return None
+    return str(entry.get("name") or kind.rsplit("_", 1)[0]), kind
 
 
 def observed_calls(blocks: list[dict[str, Any]]) -> list[ToolCall]:

@@ -25,6 +25,7 @@ text and the calls (by `call_id`), never an item id.
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -56,10 +57,14 @@ AGENT_CALLS = {
     "computer_call": AgentCall("computer", "action", "computer_call_output"),
 }
 CALL_TYPES = tuple(AGENT_CALLS)
-# The tools the model server runs itself: a tool entry's type -> the tool's name for the rules.
-HOSTED_TOOLS = {"web_search": "web_search", "web_search_preview": "web_search",
-                "web_search_preview_2025_03_11": "web_search", "file_search": "file_search",
-                "code_interpreter": "code_interpreter", "image_generation": "image_generation"}
+# The tool entries the agent runs itself (its functions and the built-ins it executes), and a hosted MCP server
+# (each of its calls asks first: model.py). Any other type is a tool the model server runs (web_search,
+# file_search, code_interpreter, image_generation, and types to come): governed on the offer, never passed unseen.
+NOT_HOSTED = frozenset({"function", "custom", "namespace", "shell", "local_shell", "apply_patch", "computer",
+                        "computer_use_preview", "mcp"})
+# A hosted tool's name for the rules: its type without a preview or a date (web_search_preview_2025_03_11 and
+# web_search_2025_08_26 are web_search).
+VERSIONED = re.compile(r"(_preview)?(_\d{4}_\d{2}_\d{2})?$")
 # Their calls in an answer: item type -> (the tool's name, the fields the rules read, the field holding the output).
 HOSTED_CALLS = {"web_search_call": ("web_search", ("action",), None),
                 "file_search_call": ("file_search", ("queries",), "results"),
@@ -224,7 +229,9 @@ def hosted_tool(entry: Any) -> tuple[str, str] | None:
     """A tool entry the model server runs itself and that cannot be asked per call, as (its name for the rules,
     its kind); None for the agent's, and for a hosted MCP server (each of its calls asks first: model.py)."""
     kind = entry.get("type") if isinstance(entry, dict) else None
-    return (HOSTED_TOOLS[kind], kind) if kind in HOSTED_TOOLS else None
+    if not isinstance(kind, str) or kind in NOT_HOSTED:
+        return None
+    return VERSIONED.sub("", kind) or kind, kind
 
 
 def observed_call(item: dict[str, Any]) -> ToolCall:
