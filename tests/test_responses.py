@@ -12,7 +12,7 @@ import urllib.request
 
 import openai
 import pytest
-from conftest import YOLO, call, user
+from conftest import YOLO, audit_cli, call, user
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
@@ -268,3 +268,23 @@ def test_a_broken_upstream_stream_is_a_response_failed_or_a_502(scripted, tk, br
             assert last["type"] == "response.failed" and last["response"]["error"]["code"] == "upstream_malformed"
         else:  # nothing sent yet (the broken part came in the same read): the error keeps its status
             assert response.status == 502 and json.loads(data)["error"]["code"] == "upstream_malformed"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_call_of_a_namespaced_agent_tool_is_the_agents_even_when_a_declared_tool_has_its_name(scripted, tk,
+                                                                                              stream):
+    call_id = f"call_ns_{int(stream)}"
+    item = {"type": "function_call", "call_id": call_id, "namespace": "crm", "name": "lookup",
+            "arguments": '{"word": "a"}'}
+    scripted.script({"items": [item]})
+    namespace = {"type": "namespace", "name": "crm", "description": "The CRM's tools.",
+                 "tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]}
+    response = run(tk.client(), stream, model="m", input=[{"role": "user", "content": question()}],
+                   tools=[namespace], store=False)
+    calls = [entry for entry in items(response) if entry["type"] == "function_call"]
+    assert [(c["call_id"], c.get("namespace"), c["name"]) for c in calls] == [(call_id, "crm", "lookup")]
+    assert len(scripted.bodies()) == 1  # not run by toolkeeper: no second round
+    assert tk.calls() == []  # the declared lookup never ran
+    exported = audit_cli(tk.directory / "toolkeeper-audit.sqlite3", "export", "--source", "agent")
+    forwarded = [json.loads(line) for line in exported.stdout.splitlines() if f'"{call_id}"' in line]
+    assert [(r["tool"], r["status"]) for r in forwarded] == [("crm.lookup", "forwarded")], exported.stderr

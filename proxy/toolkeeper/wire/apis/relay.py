@@ -245,10 +245,12 @@ class RelayingModel:
 
 def shown_entries(entries: list[dict[str, Any]], hidden: set[str] | frozenset[str], allowed: set[str] | None, *,
                   held: tuple[str, ...], is_call: Callable[[dict[str, Any]], bool],
-                  id_of: Callable[[dict[str, Any]], str]) -> list[dict[str, Any]]:
+                  id_of: Callable[[dict[str, Any]], str],
+                  name_of: Callable[[dict[str, Any]], Any] = lambda entry: entry.get("name"),
+                  ) -> list[dict[str, Any]]:
     """The items (or blocks) an agent may see: all but the declared calls (and, given `allowed`, the agent's
     calls the rules did not let through), and the reasoning or thinking that led to one (of a type in `held`:
-    it travels with the entry it precedes)."""
+    it travels with the entry it precedes). `name_of`: a call's name as the rules know it."""
     shown: list[dict[str, Any]] = []
     pending: list[dict[str, Any]] = []
     for entry in entries:
@@ -256,7 +258,7 @@ def shown_entries(entries: list[dict[str, Any]], hidden: set[str] | frozenset[st
             pending.append(entry)
             continue
         refused = allowed is not None and id_of(entry) not in allowed
-        if not (is_call(entry) and (entry.get("name") in hidden or refused)):
+        if not (is_call(entry) and (name_of(entry) in hidden or refused)):
             shown.extend(pending)
             shown.append(entry)
         pending = []

@@ -127,13 +127,17 @@ def item_text(item: dict[str, Any]) -> str:
 
 
 def call_name(item: dict[str, Any]) -> str:
-    """The tool a call item calls, as the rules name it: a function's own name, or the built-in's (`shell`), a
-    hosted MCP server's tool as `mcp__<server_label>__<tool>`; a call of a kind toolkeeper does not know goes by
-    its name, or its type."""
+    """The tool a call item calls, as the rules name it: a function's own name (`namespace.name` for one of a
+    namespace the agent declared, as the Agents SDK names it: never a declared tool's), or the built-in's
+    (`shell`), a hosted MCP server's tool as `mcp__<server_label>__<tool>`; a call of a kind toolkeeper does not
+    know goes by its name, or its type."""
     if item["type"] == APPROVAL:
         return f"mcp__{item.get('server_label')}__{item.get('name')}"
     known = AGENT_CALLS.get(item["type"])
-    return (known.tool if known else None) or str(item.get("name") or item["type"])
+    if known is not None and known.tool is not None:
+        return known.tool
+    name, namespace = str(item.get("name") or item["type"]), item.get("namespace")
+    return f"{namespace}.{name}" if isinstance(namespace, str) and namespace else name
 
 
 APPROVAL = "mcp_approval_request"  # a hosted MCP server's call, asking before the model server runs it
@@ -263,7 +267,8 @@ def round_from_response(response: dict[str, Any], raw: bytes | None = None) -> R
 def visible_items(items: list[dict[str, Any]], hidden: set[str], allowed: set[str] | None = None,
                   ) -> list[dict[str, Any]]:
     """The items the agent may see (`relay.shown_entries`): a reasoning item travels with the item it precedes."""
-    return shown_entries(items, hidden, allowed, held=("reasoning",), is_call=is_call, id_of=call_id_of)
+    return shown_entries(items, hidden, allowed, held=("reasoning",), is_call=is_call, id_of=call_id_of,
+                         name_of=call_name)
 
 
 def said_item(text: str) -> dict[str, Any]:
