@@ -223,6 +223,8 @@ def test_responses_passes_only_the_allowed_call(scripted, tkg, stream):
     assert outputs[f"r_pwd_{stream}"] == "/home" and outputs[f"r_rm_{stream}"].startswith("Not run")
     assert by_call(tkg.directory, f"r_pwd_{stream}")["status"] == "ok"
     assert by_call(tkg.directory, f"r_rm_{stream}")["api"] == "responses"
+    # a function call is `kind: function` to the rules on every API (a built-in's is its item type)
+    assert by_call(tkg.directory, f"r_rm_{stream}")["policy_input"]["tool"]["kind"] == "function"
 
 
 # -- Messages --------------------------------------------------------------------------

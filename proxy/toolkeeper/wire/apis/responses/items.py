@@ -140,6 +140,12 @@ def call_name(item: dict[str, Any]) -> str:
     return f"{namespace}.{name}" if isinstance(namespace, str) and namespace else name
 
 
+def call_kind(item: dict[str, Any]) -> str:
+    """A call's `tool.kind` for the rules: `function` for a function or custom tool's, as on every API; a built-in's
+    own item type (`shell_call`, ...)."""
+    return "function" if item["type"] in ("function_call", "custom_tool_call") else item["type"]
+
+
 APPROVAL = "mcp_approval_request"  # a hosted MCP server's call, asking before the model server runs it
 APPROVED = "Approved by toolkeeper: the rules allow this call."  # the answer that approves one
 
@@ -250,7 +256,7 @@ def observed_call(item: dict[str, Any]) -> ToolCall:
 def round_from_response(response: dict[str, Any], raw: bytes | None = None) -> Round:
     """One upstream response as the engine's Round."""
     items = [item for item in response.get("output") or [] if isinstance(item, dict)]
-    calls = [ToolCall(call_id_of(item), call_name(item), call_arguments(item), {CALL_ITEM: item}, item["type"],
+    calls = [ToolCall(call_id_of(item), call_name(item), call_arguments(item), {CALL_ITEM: item}, call_kind(item),
                       known=item["type"] in (*CALL_TYPES, APPROVAL),
                       source="hosted" if item["type"] == APPROVAL else "agent")
              for item in items if is_call(item)]
