@@ -169,6 +169,8 @@ def test_replay_takes_a_window_and_a_tool_and_says_so_in_text(seeded):
     first_hour = replay(directory, "--since", "2026-11-01T09:00", "--until", "2026-11-01T10:00")
     assert first_hour.returncode == 1
     assert "replayed 3600 calls" in first_hour.stdout and "allow -> deny (no-downloads)" in first_hour.stdout
+    mistyped = replay(directory, "--since", "yesterday")  # a usage error, never "the rules would tighten"
+    assert mistyped.returncode == 2 and "--since is a number and a unit" in mistyped.stderr
 
 
 def test_replay_refuses_a_broken_candidate_and_a_tampered_trail(seeded, tmp_path):

@@ -28,8 +28,10 @@ def since(text: str | None, flag: str = "--since") -> float | None:
     try:
         return datetime.fromisoformat(text.strip()).astimezone().timestamp()
     except ValueError:
-        raise SystemExit(f"toolkeeper: {flag} is a number and a unit, like 7d, 12h or 30m, or an ISO time like "
-                         f"2026-11-30T09:00; got {text!r}") from None
+        # exit 2, a usage error: `policy replay` exits 1 only for what a candidate would stop
+        print(f"toolkeeper: {flag} is a number and a unit, like 7d, 12h or 30m, or an ISO time like "
+              f"2026-11-30T09:00; got {text!r}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def trail_arguments() -> argparse.ArgumentParser:
