@@ -214,8 +214,9 @@ class McpDoor:
         connection = self.servers.connections.get(server)
         if connection is None:
             return None
-        await connection.client()  # started (again) when it is not: its tools are listed then
-        listed = {entry["name"]: entry for entry in connection.tools}
+        # the server's definition now, not the one the client listed: a client lists once a session, and a server
+        # may change a tool after that; the pin is checked against what the call would reach
+        listed = {entry["name"]: entry for entry in await connection.refreshed()}
         return (connection, listed[tool]) if tool in listed else None
 
     async def _decide(self, connection: McpConnection, tool: dict[str, Any], record: ExecutionRecord,
