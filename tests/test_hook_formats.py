@@ -83,6 +83,11 @@ def test_gemini_cli_gives_no_call_id_so_the_call_is_known_by_session_tool_and_ar
     assert read_event("gemini-cli", failed).error == "Command exited with code 2"
 
 
+DEEP: list = []
+for _ in range(1000):
+    DEEP = [DEEP]
+
+
 @pytest.mark.parametrize(("agent", "event", "said"), [
     ("claude-code", GEMINI_PRE, "BeforeTool is what gemini-cli sends"),
     ("gemini-cli", CLAUDE_PRE, "PreToolUse is what claude-code and codex send"),
@@ -93,6 +98,9 @@ def test_gemini_cli_gives_no_call_id_so_the_call_is_known_by_session_tool_and_ar
     ("claude-code", {k: v for k, v in CLAUDE_POST.items() if k != "tool_response"}, "`tool_response`"),
     ("codex", {**CODEX_PRE, "session_id": 7}, "`session_id`"),
     ("cursor", CLAUDE_PRE, "no hook format is known"),
+    # nested past anything a tool takes or gives (1,000 deep would break the record's redaction): a 400, a deny
+    ("claude-code", {**CLAUDE_PRE, "tool_input": {"command": DEEP}}, "nests more than 64 levels deep"),
+    ("claude-code", {**CLAUDE_POST, "tool_response": DEEP}, "nests more than 64 levels deep"),
 ])
 def test_an_event_that_is_not_the_agents_says_what_is_wrong(agent, event, said):
     with pytest.raises(HookFormatError, match=said.replace("(", r"\(")):

@@ -181,3 +181,17 @@ def unencodable(value: Any) -> str | None:
             elif isinstance(text, (dict, list)):
                 stack.append(text)
     return None
+
+
+def nesting(value: Any, limit: int) -> int:
+    """How deeply a parsed JSON value nests, counted without recursion (it may be very deep) and no further than
+    one past `limit`."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if deepest > limit:
+            break
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest

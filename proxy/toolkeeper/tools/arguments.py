@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkeeper.common import dumps, printable, unencodable
+from toolkeeper.common import dumps, nesting, printable, unencodable
 from toolkeeper.tools.agentfile import DeclaredTool, Parameter, ToolSpec
 from toolkeeper.tools.schemas import CLOSING_SENTENCE, constraint_words
 from toolkeeper.tools.templates import RenderError, render_scalar
@@ -56,7 +56,7 @@ def parse_arguments(raw: Any, *, truncated: bool = False) -> tuple[dict[str, Any
         return None, f"the arguments are not valid JSON ({_first_line(exc)})"
     if not isinstance(parsed, dict):
         return None, "the arguments must be a JSON object with one field per parameter"
-    if _depth(parsed) > MAX_DEPTH:
+    if nesting(parsed, MAX_DEPTH) > MAX_DEPTH:
         return None, f"the arguments are nested more than {MAX_DEPTH} levels deep"
     broken = unencodable(parsed)
     if broken is not None:
@@ -113,19 +113,6 @@ def _no_constant(name: str) -> Any:
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def _depth(value: Any) -> int:
-    """How deeply a parsed value nests, without recursion (it may be very deep)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        deepest = max(deepest, level)
-        if deepest > MAX_DEPTH:
-            break
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
-        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
-    return deepest
 
 
 def check_arguments(tool: ToolSpec, arguments: dict[str, Any]) -> Checked:

@@ -25,13 +25,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toolkeeper.common import canonical_json, digest, printable
+from toolkeeper.common import canonical_json, digest, nesting, printable
 
 HOOK_AGENTS = ("claude-code", "gemini-cli", "codex")
 HOOK_DECISIONS = ("allow", "deny", "ask")
 # whose hook can hand an ask to a person; the others' ask is rendered as a deny (see render), which the server
 # may record as one instead of delegating
 HOOK_AGENTS_THAT_ASK = ("claude-code",)
+MAX_NESTING = 64  # of a tool's input or output: far deeper than any agent's tool, and within what is recorded
 
 # hook_event_name -> phase, per agent
 EVENTS: dict[str, dict[str, Literal["pre", "post"]]] = {
@@ -82,6 +83,8 @@ def read_event(agent: str, event: Any) -> HookEvent:
     arguments = event["tool_input"]
     phase = phases[name]
     result, error = _outcome(agent, name, event) if phase == "post" else (None, None)
+    if nesting(arguments, MAX_NESTING) > MAX_NESTING or nesting(result, MAX_NESTING) > MAX_NESTING:
+        raise HookFormatError(f"a {name} event whose tool input or output nests more than {MAX_NESTING} levels deep")
     return HookEvent(agent=agent, phase=phase, tool=tool, arguments=arguments,
                      call_id=_call_id(event, name, session, tool, arguments), session=session,
                      cwd=_text(event, "cwd", name), result=result, error=error)
