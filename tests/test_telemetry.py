@@ -145,7 +145,7 @@ def children(pid: int) -> list[int]:
 
 
 FORGED = ("/v1/chat/completions/x%22,api=%22forged%22,code=%22200", "/v1/x%0Ay", "/v1/x%5C", "/v1/%22",
-          "/v1/completions%5C", "/v1/realtime/x%22%5C")
+          "/v1/completions%5C", "/v1/realtime/x%22", "/v1/realtime/x%22%5C")  # the last: a backslash, refused as such
 
 
 def test_labels_from_outside_are_escaped_and_never_forge_a_series(scripted, agent):
@@ -347,3 +347,14 @@ def test_serve_refuses_tracing_without_the_sdk_in_one_line(tmp_path):
     assert done.stderr.strip().splitlines() == [
         "toolkeeper: tracing is on (--otlp-endpoint or OTEL_* variables) but opentelemetry-sdk is not installed: "
         "pip install 'toolkeeper[otel]'"]
+
+
+def test_the_sdks_own_switches_are_read_as_the_sdk_reads_them():
+    from toolkeeper.tracing import TracingUnavailable, tracing_on
+
+    endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
+    assert tracing_on(None, endpoint) and not tracing_on(None, {**endpoint, "OTEL_SDK_DISABLED": "true"})
+    assert not tracing_on("http://127.0.0.1:4318", {"OTEL_SDK_DISABLED": "TRUE"})
+    assert not tracing_on(None, {**endpoint, "OTEL_TRACES_EXPORTER": "none"})
+    with pytest.raises(TracingUnavailable, match="OTEL_TRACES_EXPORTER=console: toolkeeper sends traces to an OTLP"):
+        tracing_on(None, {**endpoint, "OTEL_TRACES_EXPORTER": "console"})

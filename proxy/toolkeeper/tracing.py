@@ -41,7 +41,15 @@ class TracingUnavailable(ValueError):
 
 
 def tracing_on(endpoint: str | None, environ: Mapping[str, str]) -> bool:
-    exporters = environ.get("OTEL_TRACES_EXPORTER", "").replace(" ", "").split(",")
+    """Whether traces are sent: OpenTelemetry's variables read as the SDK reads them (OTEL_SDK_DISABLED=true:
+    none at all); an exporter toolkeeper does not send to is said, not ignored."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporters = [name for name in environ.get("OTEL_TRACES_EXPORTER", "").replace(" ", "").split(",") if name]
+    unknown = [name for name in exporters if name not in ("otlp", "none")]
+    if unknown:
+        raise TracingUnavailable(f"OTEL_TRACES_EXPORTER={','.join(unknown)}: toolkeeper sends traces to an OTLP "
+                                 "collector only (otlp, or none for no traces)")
     if endpoint or "otlp" in exporters:
         return True
     return "none" not in exporters and bool(environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
