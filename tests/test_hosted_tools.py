@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import anthropic
+import openai
 import pytest
 from conftest import STANDARD_AGENT, Toolkeeper, audit_cli, start_toolkeeper, write_agent
 
@@ -268,3 +269,14 @@ def test_a_tool_type_toolkeeper_does_not_know_is_the_model_servers_and_the_rules
             "image_generation_2026_01_01"]
         withheld = [r for r in hosted_records(tk) if r["status"] == "withheld"]
         assert [(r["tool"], r["decision_rule"]) for r in withheld] == [("programmatic_tool_calling", "no-programs")]
+
+
+def test_a_chat_request_asking_for_web_search_is_refused_when_the_rules_deny_web_search(scripted, tkh):
+    scripted.script({"content": "Searched."}, {"content": "Searched."})
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        tkh.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "News?"}],
+                                             web_search_options={})
+    assert "web_search_options" in str(refused.value) and scripted.requests() == []
+    withheld = [r for r in hosted_records(tkh) if r["status"] == "withheld"]
+    assert (withheld[-1]["tool"], withheld[-1]["decision_rule"], withheld[-1]["api"]) == ("web_search",
+                                                                                        "no-web-search", "chat")

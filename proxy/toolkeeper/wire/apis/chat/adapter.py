@@ -93,8 +93,15 @@ class ChatCompletions(AgentAPI):
         if isinstance(body.get("n"), int) and body["n"] > 1 and (self.engine.active_tools(body) or body.get("tools")):
             return self.refuse("n > 1 cannot be combined with tools: every call is decided and recorded, and "
                                "only the first choice is; send n = 1", "n_not_supported")
+        context = self.context(request, raw)
+        options = body.get("web_search_options")  # a search model's web search, run by the model server
+        if options is not None and not await self.engine.hosted.offer("web_search", "web_search_options", options,
+                                                                       context):
+            return self.refuse("the rules do not let the model server search the web for this agent, and this "
+                               "request asks it to (web_search_options): recorded, not sent", "hosted_tool_denied",
+                               status=403)
         model = ChatModel(upstream_for(request, self.upstream), request.headers, request.query_string)
-        events = self.engine.run(body, model, self.context(request, raw))
+        events = self.engine.run(body, model, context)
         if body.get("stream"):
             return await StreamWriter(request, body, self.keepalive).relay(events)
         return await self.whole(events, lambda result, relayed: whole_response(result, body))
