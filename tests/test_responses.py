@@ -165,6 +165,7 @@ def test_reasoning_travels_with_the_call_it_precedes(scripted, tk):
     {"model": "m", "input": "hi", "tools": "lookup"},
     {"model": "m", "input": "hi", "tool_choice": 3},
     {"model": "m", "input": [{"role": "wizard", "content": "hi"}]},
+    {"model": "m", "input": "hi", "tools": [{"type": "mcp", "server_label": ["a"], "server_url": "https://x"}]},
 ])
 def test_a_malformed_request_is_a_400(tk, body):
     from test_hardening import post

@@ -315,6 +315,8 @@ REQUEST_FIELDS: tuple[Field, ...] = (
 def _function_tool_problem(tool: dict[str, Any]) -> str | None:
     if tool.get("type") == "function" and not isinstance(tool.get("name"), str):
         return "a function tool needs a 'name' string"
+    if tool.get("type") == "mcp" and not isinstance(tool.get("server_label"), str):
+        return "an mcp tool needs a 'server_label' string"  # its calls are named and decided by it
     return None
 
 
