@@ -280,3 +280,10 @@ def test_a_chat_request_asking_for_web_search_is_refused_when_the_rules_deny_web
     withheld = [r for r in hosted_records(tkh) if r["status"] == "withheld"]
     assert (withheld[-1]["tool"], withheld[-1]["decision_rule"], withheld[-1]["api"]) == ("web_search",
                                                                                         "no-web-search", "chat")
+
+
+def test_audit_list_says_whose_tool_each_record_is(scripted, tkh):
+    scripted.script({"content": "No search."})
+    tkh.client().responses.create(model="m", input="News?", tools=[{"type": "web_search"}])
+    listing = audit_cli(tkh.directory / "audit.sqlite3", "list", "--source", "hosted")
+    assert listing.returncode == 0 and "web_search (hosted)" in listing.stdout and "(agent)" not in listing.stdout

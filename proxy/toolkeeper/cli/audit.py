@@ -104,7 +104,7 @@ def line(record: AuditEntry) -> str:
     decided = record.decision or "-"
     by = record.decision_rule or record.decision_source or "-"
     duration = f"{record.duration_ms:.1f} ms"
-    tool = record.tool if record.source == "declared" else f"{record.tool} (agent)"
+    tool = record.tool if record.source == "declared" else f"{record.tool} ({record.source})"
     return printable(f"{record.record_id}  {when}  {record.status:<9} {tool:<16} "
                      f"{decided}/{by:<22} {duration:>10}  agent {record.agent}")
 
