@@ -109,6 +109,9 @@ def test_pass_ungoverned_lets_one_endpoint_through_logged_and_counted(scripted, 
     metrics = urllib.request.urlopen(governing.base_url[:-3] + "/metrics", timeout=10).read().decode()
     assert 'toolkeeper_ungoverned_passed_total{endpoint="assistants_runs"} 1.0' in metrics
     assert "passes ungoverned (--pass-ungoverned)" in governing.process.stderr()
+    status, answer = send(governing, "GET", "/v1/threads/t-passed/runs", None, WEBSOCKET)  # passed, yet a socket
+    assert status == 403 and "carries no WebSocket" in answer["error"]["message"]
+    assert [r.get("path") for r in scripted.requests()][-1:] == ["/v1/threads/t-passed/runs"]  # the POST only
 
 
 # -- Seams a red team found in the streams ----------------------------------------------
