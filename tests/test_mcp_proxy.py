@@ -258,3 +258,10 @@ def test_a_definition_changed_while_a_client_is_connected_is_refused_before_the_
     assert not before.is_error and text_of(before) == "before"
     assert after.is_error and "toolkeeper mcp approve notes echo" in text_of(after)
     assert "echo {'text': 'after'}" not in (setup / "state" / "calls.log").read_text()
+
+
+def test_pins_read_in_a_folder_with_no_store_say_so_and_make_none(tmp_path):
+    for command in (["mcp", "pins"], ["mcp", "approve", "notes", "echo"]):
+        done = run_cli(*command, cwd=tmp_path)
+        assert done.returncode == 2 and "no store at toolkeeper.sqlite3" in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import sys
 
+from toolkeeper.cli.tokens import no_store_at
 from toolkeeper.common import printable
 from toolkeeper.settings import Settings, SettingsError
 
@@ -113,6 +114,8 @@ async def pins_command(settings: Settings) -> int:
     from toolkeeper.engine import definition_diff
     from toolkeeper.store import open_store
 
+    if no_store_at(settings.kept("store")):
+        return 2
     store = open_store(settings.kept("store"))
     try:
         pins = await store.pins()
@@ -135,6 +138,8 @@ async def approve_command(settings: Settings, server: str, tool: str, approver: 
     from toolkeeper.policy import local_user
     from toolkeeper.store import open_store
 
+    if no_store_at(settings.kept("store")):
+        return 2
     store, audit = open_store(settings.kept("store")), open_audit(settings.kept("audit"))
     try:
         pin = await approve_definition(store, audit, server, tool, approver or local_user())

@@ -41,17 +41,26 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     tokens.set_defaults(run=run)
 
 
+def no_store_at(location: str) -> bool:
+    """True, said on stderr, when no store is there to read: a command that only reads makes none (in the wrong
+    folder it would make an empty one and say there is nothing in it)."""
+    from toolkeeper.database import is_postgres_url
+
+    if is_postgres_url(location) or Path(location).exists():
+        return False
+    print(f"toolkeeper: no store at {location}: name serve's store with --store, or its agent file with "
+          "--agent-file (the store is next to it unless serve was given --store), or serve's --config",
+          file=sys.stderr)
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     from toolkeeper.common import printable
-    from toolkeeper.database import is_postgres_url
     from toolkeeper.store import SchemaError, StoreError, open_store
 
     location = Settings.for_command(args).kept("store")
     # `add` makes the store (serve uses the same file, before or after); reading or revoking needs one there
-    if args.tokens_command != "add" and not is_postgres_url(location) and not Path(location).exists():
-        print(f"toolkeeper: no store at {location}: name serve's store with --store, or its agent file with "
-              "--agent-file (the store is next to it unless serve was given --store), or serve's --config",
-              file=sys.stderr)
+    if args.tokens_command != "add" and no_store_at(location):
         return 2
     name = getattr(args, "name", None)
     if name is not None and (not NAME.fullmatch(name) or name == "admin"):
