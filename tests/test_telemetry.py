@@ -358,3 +358,37 @@ def test_the_sdks_own_switches_are_read_as_the_sdk_reads_them():
     assert not tracing_on(None, {**endpoint, "OTEL_TRACES_EXPORTER": "none"})
     with pytest.raises(TracingUnavailable, match="OTEL_TRACES_EXPORTER=console: toolkeeper sends traces to an OTLP"):
         tracing_on(None, {**endpoint, "OTEL_TRACES_EXPORTER": "console"})
+
+
+def test_an_mcp_call_is_traced_under_the_clients_span(agent):
+    import asyncio
+
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    spans = Spans()
+    port, stop = http_collector(spans)
+    env = {"OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
+    process = start_toolkeeper(agent / "agent.yaml", "http://127.0.0.1:9/v1", env=env)
+
+    async def call_over_mcp() -> None:
+        headers = {"traceparent": f"00-{AGENT_TRACE}-{AGENT_SPAN}-01"}
+        async with httpx2.AsyncClient(headers=headers, timeout=60) as http, \
+                Client(streamable_http_client(process.url.removesuffix("/v1") + "/mcp", http_client=http)) as client:
+            result = await client.call_tool("lookup", {"word": "otel"})
+            assert not result.is_error
+
+    try:
+        asyncio.run(call_over_mcp())
+        received = spans.wait(2)
+    finally:
+        process.stop()
+        stop()
+    [served] = [span for span in received if span.kind == span.SPAN_KIND_SERVER]
+    [tool] = [span for span in received if span.kind == span.SPAN_KIND_INTERNAL]
+    assert {span.trace_id.hex() for span in (served, tool)} == {AGENT_TRACE}
+    assert served.name == "tools/call lookup" and served.parent_span_id.hex() == AGENT_SPAN
+    assert attributes(served.attributes)["mcp.method.name"] == "tools/call"
+    assert tool.name == "execute_tool lookup" and tool.parent_span_id == served.span_id
+    assert attributes(tool.attributes)["gen_ai.operation.name"] == "execute_tool"

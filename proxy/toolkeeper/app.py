@@ -108,7 +108,7 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     admin = admin_app(guard, approvals_api(stores.store), Console(stores.audit, stores.store, guard),
                       tools_api(lambda: sorted(engine.agent.tools)), pins_api(stores.store, stores.audit))
     api_key = os.environ[agent.config.api_key_env] if agent.config.api_key_env else None
-    mcp_server = build_server(McpDoor(engine, servers, stores.store), consent, __version__)
+    mcp_server = build_server(McpDoor(engine, servers, stores.store), consent, __version__, tracing)
     doors = Doors(mcp_server, HookCalls(engine.agent_calls), settings.host)
     app = proxy_app(engine, settings, upstream_url=agent.config.upstream, api_key=api_key, metrics=metrics,
                     admin=admin, agent_keys=agent_keys(agent, settings), checks=stores.checks(), store=stores.store,

@@ -120,14 +120,23 @@ class Tracing:
         provider.add_span_processor(BatchSpanProcessor(exporter))
         return cls(provider)
 
-    @contextlib.contextmanager
-    def request(self, name: str, headers: Mapping[str, str], route: str) -> Iterator[RequestTrace]:
+    def request(self, name: str, headers: Mapping[str, str], route: str) -> contextlib.AbstractContextManager[
+            RequestTrace]:
         """One agent request's span, child of the agent's when its headers carry one."""
+        return self._served(name, headers, {"http.request.method": name.split(" ", 1)[0], "http.route": route})
+
+    def mcp_call(self, tool: str, carrier: Mapping[str, str]) -> contextlib.AbstractContextManager[RequestTrace]:
+        """One MCP `tools/call`'s span (OpenTelemetry's MCP conventions), child of the client's: from its HTTP
+        headers, or its request's `_meta` (`traceparent`), where MCP carries it."""
+        return self._served(f"tools/call {tool}", carrier, {"mcp.method.name": "tools/call",
+                                                             "gen_ai.tool.name": tool})
+
+    @contextlib.contextmanager
+    def _served(self, name: str, carrier: Mapping[str, str], attributes: dict[str, Any]) -> Iterator[RequestTrace]:
         from opentelemetry.trace import SpanKind
 
-        parent = self.propagator.extract(headers)
-        span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes={
-            "http.request.method": name.split(" ", 1)[0], "http.route": route})
+        parent = self.propagator.extract(carrier)
+        span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
         trace = RequestTrace(self, span)
         try:
             yield trace

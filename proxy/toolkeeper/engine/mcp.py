@@ -42,10 +42,11 @@ class McpSession:
     agent_header: str | None = None
     consent: Consent | None = None  # the client's elicitation, when it declares it and nothing else can ask
     found: set[str] = field(default_factory=set)
+    trace: Any = None  # the request's span, when tracing is on: its declared and proxied calls' parent
 
     def turn(self) -> TurnContext:
         return TurnContext(request_id=secrets.token_hex(8), agent=self.agent, tenant=self.tenant or self.agent,
-                           agent_header=self.agent_header, api="mcp", consent=self.consent)
+                           agent_header=self.agent_header, api="mcp", consent=self.consent, trace=self.trace)
 
 
 def tool_error(text: str) -> dict[str, Any]:
@@ -206,8 +207,12 @@ class McpDoor:
         if refused is not None:
             record.answer = refused
             await self.handler.settle(record, Outcome(refused))
-            return tool_error(refused)
-        return await self._send(connection, tool["name"], values, record)
+            answer = tool_error(refused)
+        else:
+            answer = await self._send(connection, tool["name"], values, record)
+        if turn.trace is not None:  # tracing on: the call's span, under its request's
+            turn.trace.tool(record)
+        return answer
 
     async def _server_tool(self, name: str) -> tuple[McpConnection, dict[str, Any]] | None:
         server, _, tool = name[len(PROXIED_PREFIX):].partition("__")

@@ -19,6 +19,7 @@ from typing import Any
 from toolkeeper.common import printable
 from toolkeeper.engine import McpDoor, McpSession
 from toolkeeper.policy import Consent, ConsentAnswer, ConsentRequest
+from toolkeeper.tracing import TRACE_HEADERS, Tracing
 
 log = logging.getLogger("toolkeeper")
 
@@ -51,8 +52,8 @@ class ElicitationConsent:
         return ConsentAnswer(approved, self.who, "approved" if approved else f"the user's answer: {answer.action}")
 
 
-def build_server(door: McpDoor, configured: Consent, version: str = "") -> Any:
-    """The SDK's low-level server with toolkeeper's two handlers."""
+def build_server(door: McpDoor, configured: Consent, version: str = "", tracing: Tracing | None = None) -> Any:
+    """The SDK's low-level server with toolkeeper's two handlers (`tracing`: each call's span, when it is on)."""
     import mcp_types as types
     from mcp.server.lowlevel import Server
 
@@ -78,6 +79,13 @@ def build_server(door: McpDoor, configured: Consent, version: str = "") -> Any:
 
     async def call_tool(ctx: Any, params: Any) -> Any:
         session = session_of(ctx)
+        if tracing is None:
+            return await answered(ctx, session, params)
+        with tracing.mcp_call(str(params.name), _trace_carrier(ctx, params)) as trace:
+            session.trace = trace
+            return await answered(ctx, session, params)
+
+    async def answered(ctx: Any, session: McpSession, params: Any) -> Any:
         before = set(session.found)
         result = await door.call_tool(session, params.name, params.arguments)
         if session.found != before:  # a search found tools: the client lists them again
@@ -87,6 +95,18 @@ def build_server(door: McpDoor, configured: Consent, version: str = "") -> Any:
 
     return Server("toolkeeper", version=version, instructions=INSTRUCTIONS, on_list_tools=list_tools,
                   on_call_tool=call_tool)
+
+
+def _trace_carrier(ctx: Any, params: Any) -> dict[str, str]:
+    """Where a call's trace context comes from: the request's `_meta` (MCP's own place for `traceparent`), else
+    its HTTP headers."""
+    carrier = {key.lower(): str(value) for key, value in (getattr(getattr(ctx, "request", None), "headers", None)
+                                                          or {}).items() if key.lower() in TRACE_HEADERS}
+    meta = getattr(params, "meta", None)
+    meta = meta.model_dump(by_alias=True) if hasattr(meta, "model_dump") else meta
+    if isinstance(meta, dict):
+        carrier.update({key: str(meta[key]) for key in TRACE_HEADERS if isinstance(meta.get(key), str)})
+    return carrier
 
 
 def _client_key(ctx: Any, session: McpSession) -> tuple[str, ...]:
