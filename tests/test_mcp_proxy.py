@@ -265,3 +265,38 @@ def test_pins_read_in_a_folder_with_no_store_say_so_and_make_none(tmp_path):
         done = run_cli(*command, cwd=tmp_path)
         assert done.returncode == 2 and "no store at toolkeeper.sqlite3" in done.stderr, done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_server_that_will_not_start_holds_nothing_up(setup):
+    """A server that hangs at its start is waited for once, beside the others; one that fails is not started again
+    on every listing and call: they are told at once, for a while."""
+    agent = (setup / "agent.yaml").read_text()
+    hangs, crashes = 'import time; time.sleep(600)', 'raise SystemExit("no config")'
+    assert "\ntools:\n" in agent
+    (setup / "agent.yaml").write_text(agent.replace("\ntools:\n", f"""
+  - name: stuck
+    command: ["{sys.executable}", "-c", "{hangs}"]
+    timeout: 3
+  - name: broken
+    command: ["{sys.executable}", "-c", '{crashes}']
+    timeout: 3
+tools:
+""", 1))
+
+    async def run() -> tuple:
+        async with proxied(setup) as client:
+            started = time.monotonic()
+            first = {tool.name for tool in (await client.list_tools()).tools}
+            first_took = time.monotonic() - started
+            started = time.monotonic()
+            again = {tool.name for tool in (await client.list_tools()).tools}
+            called = await client.call_tool("mcp__broken__anything", {})
+            return first, first_took, again, called, time.monotonic() - started
+
+    first, first_took, again, called, again_took = asyncio.run(run())
+    assert "mcp__notes__echo" in first and first == again  # the working servers listed, the others left out
+    assert not any(name.startswith(("mcp__stuck__", "mcp__broken__")) for name in first)
+    assert first_took < 40  # the hanging start waited for once (its connect timeout), not once per server
+    assert again_took < 5  # neither is started again yet: said at once
+    assert called.is_error and "could not be started" in text_of(called) and "tried again 30 s after" in text_of(
+        called)

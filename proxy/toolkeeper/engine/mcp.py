@@ -12,6 +12,7 @@ a refusal is a tool error (`isError: true`) whose text says why.
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import json
 import logging
@@ -105,12 +106,16 @@ class McpDoor:
 
     async def list_tools(self, session: McpSession) -> list[dict[str, Any]]:
         listed = [mcp_tool(entry) for entry in self._declared_entries(session)]
-        for connection in self.servers.connections.values():
-            try:
-                tools = await connection.refreshed()
-            except McpServerError as exc:
-                log.warning("%s: its tools are not listed", printable(str(exc)))
+        connections = list(self.servers.connections.values())
+        # every server listed at once: one slow to start holds the listing up by its own wait, not the sum
+        answers = await asyncio.gather(*(connection.refreshed() for connection in connections),
+                                       return_exceptions=True)
+        for connection, tools in zip(connections, answers, strict=True):
+            if isinstance(tools, McpServerError):
+                log.warning("%s: its tools are not listed", printable(str(tools)))
                 continue
+            if isinstance(tools, BaseException):
+                raise tools
             for tool in tools:
                 if await self._offered(connection.spec, tool, session):
                     listed.append({**tool, "name": connection.spec.proxied_name(tool["name"])})

@@ -30,6 +30,7 @@ from toolkeeper.tools import DeclaredTool, McpServerSpec
 log = logging.getLogger("toolkeeper")
 
 CONNECT_TIMEOUT = 30.0  # seconds a server has to start and list its tools
+RETRY_AFTER = 30.0  # seconds a server that failed to start is not started again: its callers are told at once
 
 
 class McpServerError(Exception):
@@ -67,11 +68,15 @@ class McpConnection:
     _closing: asyncio.Event = field(default_factory=asyncio.Event)
     _starting: asyncio.Lock = field(default_factory=asyncio.Lock)
     tools: list[dict[str, Any]] = field(default_factory=list)  # as the server listed them, JSON
+    _failed: tuple[float, str] | None = None  # when the last start failed, and why
 
     async def client(self) -> Any:
         """The connected client, started (or started again) when there is none."""
         async with self._starting:
             if self._client is None:
+                if self._failed is not None and time.monotonic() - self._failed[0] < RETRY_AFTER:
+                    # a server that would not start is not waited for again on every listing and call
+                    raise McpServerError(f"{self._failed[1]} (it is tried again {RETRY_AFTER:g} s after)")
                 await self._start()
             return self._client
 
@@ -81,13 +86,13 @@ class McpConnection:
         self._holder = asyncio.create_task(self._hold(ready), name=f"mcp server {self.spec.name}")
         try:
             self._client = await asyncio.wait_for(asyncio.shield(ready), CONNECT_TIMEOUT)
-        except TimeoutError:
+        except (TimeoutError, McpServerError) as exc:
             await self.drop()
-            raise McpServerError(f"the MCP server {self.spec.name} did not start within {CONNECT_TIMEOUT:g} "
-                                 "s") from None
-        except McpServerError:
-            await self.drop()
-            raise
+            failure = str(exc) if isinstance(exc, McpServerError) else \
+                f"the MCP server {self.spec.name} did not start within {CONNECT_TIMEOUT:g} s"
+            self._failed = (time.monotonic(), failure)
+            raise McpServerError(failure) from None
+        self._failed = None
         log.info("MCP server %s: connected, %d tools", self.spec.name, len(self.tools))
 
     async def _hold(self, ready: asyncio.Future[Any]) -> None:
