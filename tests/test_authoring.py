@@ -20,12 +20,14 @@ EXAMPLE = ROOT / "declared" / "example"
 
 
 def test_every_option_of_every_command_has_help_and_there_is_a_version():
-    from toolkeeper.cli import COMMANDS
+    from toolkeeper.cli import MODULES, command_modules
 
     parser = argparse.ArgumentParser(prog="toolkeeper")
     commands = parser.add_subparsers(dest="command")
-    for command in COMMANDS:
-        command.add_parser(commands)
+    for command in command_modules():
+        before = set(commands.choices)
+        command.add_parser(commands)  # the commands it adds are the ones its entry in MODULES names
+        assert set(commands.choices) - before == set(MODULES[command.__name__.rsplit(".", 1)[1]])
     silent = []
 
     def walk(node: argparse.ArgumentParser, path: list[str]) -> None:

@@ -319,3 +319,13 @@ def test_an_event_it_cannot_read_is_a_deny_without_asking(stand_in):
 def test_bad_options_are_refused_by_the_parser():
     assert hook("cursor", CLAUDE_PRE).returncode == 2
     assert "more than 0 seconds" in hook("claude-code", CLAUDE_PRE, "--timeout", "0").stderr
+
+
+def test_the_hook_command_imports_none_of_the_proxy():
+    """It runs before and after every tool call of the agent: its start is the hook's cost (a second with the
+    proxy's modules, a third of one without)."""
+    code = ("import sys; from toolkeeper.cli import command_modules; command_modules('hook'); "
+            "import toolkeeper.cli.hooks; print(sorted(m for m in ('aiohttp', 'toolkeeper.app', 'toolkeeper.engine') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -16,12 +16,23 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import os
 import sys
+from types import ModuleType
 
-from toolkeeper.cli import approvals, audit, authoring, demo, evaluation, hooks, intercept, mcp, policy, serve, tokens
+# Each command module, by the commands it adds. A command imports its own module only: `toolkeeper hook` runs
+# before and after every tool call of an agent, and the proxy's modules take a second to import.
+MODULES = {"serve": ("serve",), "intercept": ("intercept",), "mcp": ("mcp",), "demo": ("demo",),
+           "approvals": ("approvals", "approve", "deny", "revoke"), "hooks": ("hook",), "tokens": ("tokens",),
+           "audit": ("audit",), "policy": ("policy",), "authoring": ("schema", "check", "model"),
+           "evaluation": ("eval",)}
 
-COMMANDS = (serve, intercept, mcp, demo, approvals, hooks, tokens, audit, policy, authoring, evaluation)
+
+def command_modules(wanted: str | None = None) -> list[ModuleType]:
+    """The module adding the command `wanted`; every command module when it names none of them."""
+    known = [module for module, names in MODULES.items() if wanted in names] or list(MODULES)
+    return [importlib.import_module(f"toolkeeper.cli.{module}") for module in known]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
                                      description="A policy-and-proxy layer between an agent and its tools.")
     parser.add_argument("--version", action="version", version=f"toolkeeper {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for command in COMMANDS:
-        command.add_parser(commands)
     argv = sys.argv[1:] if argv is None else list(argv)
+    for command in command_modules(argv[0] if argv else None):  # no command, --help or a typo: all of them
+        command.add_parser(commands)
     # after `--`: options for the toolkeeper `intercept` starts, passed on as they are
     argv, after = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args, unknown = parser.parse_known_args(argv)

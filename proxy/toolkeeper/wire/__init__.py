@@ -14,48 +14,31 @@ a runner or a policy: the composition root (`toolkeeper.app`) hands it what it
 serves.
 """
 
-from toolkeeper.wire.admin import AdminGuard, Console, admin_app, approvals_api, pins_api, tools_api
-from toolkeeper.wire.apis import ChatCompletions, anthropic_tool, flat_tool
-from toolkeeper.wire.errors import UpstreamError
-from toolkeeper.wire.hooks import (
-    HOOK_AGENTS,
-    HOOK_AGENTS_THAT_ASK,
-    HOOK_DECISIONS,
-    HookEvent,
-    HookFormatError,
-    read_event,
-    render,
-)
-from toolkeeper.wire.intercept import ADDON, ENDPOINTS, HOST_NAME
-from toolkeeper.wire.mcp import build_server, serve_stdio
-from toolkeeper.wire.server import Check, Doors, proxy_app
-from toolkeeper.wire.upstream import Upstream
+import importlib
+from typing import Any
 
-__all__ = [
-    "ADDON",
-    "ENDPOINTS",
-    "HOOK_AGENTS",
-    "HOOK_AGENTS_THAT_ASK",
-    "HOOK_DECISIONS",
-    "HOST_NAME",
-    "AdminGuard",
-    "ChatCompletions",
-    "Check",
-    "Console",
-    "Doors",
-    "HookEvent",
-    "HookFormatError",
-    "Upstream",
-    "UpstreamError",
-    "admin_app",
-    "anthropic_tool",
-    "approvals_api",
-    "build_server",
-    "flat_tool",
-    "pins_api",
-    "proxy_app",
-    "read_event",
-    "render",
-    "serve_stdio",
-    "tools_api",
-]
+# Each name's module, imported when the name is first used: `toolkeeper hook`, run before every tool call of an
+# agent, reads the hook formats without importing the server, the admin app and the adapters.
+_HOMES = {
+    "toolkeeper.wire.admin": ("AdminGuard", "Console", "admin_app", "approvals_api", "pins_api", "tools_api"),
+    "toolkeeper.wire.apis": ("ChatCompletions", "anthropic_tool", "flat_tool"),
+    "toolkeeper.wire.errors": ("UpstreamError",),
+    "toolkeeper.wire.hooks": ("HOOK_AGENTS", "HOOK_AGENTS_THAT_ASK", "HOOK_DECISIONS", "HookEvent", "HookFormatError",
+                              "read_event", "render"),
+    "toolkeeper.wire.intercept": ("ADDON", "ENDPOINTS", "HOST_NAME"),
+    "toolkeeper.wire.mcp": ("build_server", "serve_stdio"),
+    "toolkeeper.wire.server": ("Check", "Doors", "proxy_app"),
+    "toolkeeper.wire.upstream": ("Upstream",),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'toolkeeper.wire' has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(module), name)
+    return value
+
+
+__all__ = sorted(_HOME_OF, key=lambda name: (not name.isupper(), not name[:1].isupper(), name))
