@@ -187,7 +187,7 @@ def test_a_security_ask_holds_in_yolo(scripted, tkr):
     assert tkr.calls() == []  # no one could be asked: an ask without a channel is a deny
     answer = _results(scripted.bodies()[1])[0]
     # the model is told the rule's reason, and that no one could approve it (not "yolo is false": it is true)
-    assert "Large counts need a person." in answer and "no approver was available" in answer
+    assert "Large counts need a person; it needs a person's approval" in answer and "no approver was available" in answer
     assert "yolo" not in answer
 
 

@@ -86,7 +86,7 @@ def test_a_shadow_rule_is_recorded_and_counted_but_does_not_decide(governed):
 
     listed = audit_cli(trail, "list", "--shadow", "deny").stdout
     assert listed.count("Bash") == 2 and "2 records" in listed
-    assert "1 records" in audit_cli(trail, "list", "--shadow", "ask").stdout
+    assert "1 record\n" in audit_cli(trail, "list", "--shadow", "ask").stdout
     metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
     assert 'toolkeeper_shadow_matches_total{effect="deny",rule="curl-would-be-denied"} 2.0' in metrics
     assert 'toolkeeper_shadow_matches_total{effect="ask",rule="pushes-would-ask"} 1.0' in metrics

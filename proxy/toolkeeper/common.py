@@ -195,3 +195,8 @@ def nesting(value: Any, limit: int) -> int:
         children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
         stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
     return deepest
+
+
+def counted(number: int, noun: str) -> str:
+    """`1 record`, `2 records`: a count as people read it."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"

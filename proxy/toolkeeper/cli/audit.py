@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 from toolkeeper.audit import FORMATS, SOURCES, STATUSES, AuditEntry, AuditError, DamagedTrail, SQLAudit, open_audit
-from toolkeeper.common import printable
+from toolkeeper.common import counted, printable
 from toolkeeper.database import is_postgres_url
 from toolkeeper.settings import Settings
 
@@ -172,7 +172,7 @@ def listing(audit: SQLAudit, args: argparse.Namespace) -> int:
     records = audit.records(**_filters(args))
     for record in records:
         print(line(record))
-    print(f"{len(records)} records")
+    print(counted(len(records), "record"))
     return 0
 
 

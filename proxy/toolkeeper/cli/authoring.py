@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from toolkeeper.common import counted
+
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     schema = commands.add_parser("schema", help="print the tool entries the model receives, as one JSON array")
@@ -60,7 +62,7 @@ def check_command(args: argparse.Namespace) -> int:
     else:
         for finding in findings:
             print(f"{args.agent_file}: {Finding.line(finding)}")
-        print(f"{args.agent_file}: {errors} errors, {warnings} warnings")
+        print(f"{args.agent_file}: {counted(errors, 'error')}, {counted(warnings, 'warning')}")
     return 1 if errors or (warnings and args.strict) else 0
 
 

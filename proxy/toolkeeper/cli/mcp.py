@@ -18,7 +18,7 @@ import logging
 import sys
 
 from toolkeeper.cli.tokens import no_store_at
-from toolkeeper.common import printable
+from toolkeeper.common import counted, printable
 from toolkeeper.settings import Settings, SettingsError
 
 log = logging.getLogger("toolkeeper")
@@ -90,8 +90,8 @@ async def serve_stdio(agent, settings: Settings) -> int:
     try:
         if consent_mode(settings) == "approvals":
             await _listen_for_approvals(runner, settings)
-        log.info("toolkeeper mcp: %d declared tools from %s, %d MCP servers, over stdio", len(agent.tools),
-                 agent.path, len(agent.config.mcp_servers))
+        log.info("toolkeeper mcp: %s from %s, %s, over stdio", counted(len(agent.tools), "declared tool"),
+                 agent.path, counted(len(agent.config.mcp_servers), "MCP server"))
         await serve_over_stdio(app[MCP_SERVER])
     finally:
         await runner.cleanup()

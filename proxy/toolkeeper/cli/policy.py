@@ -147,7 +147,8 @@ async def evaluate(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, cal
 def _describe(decision: Decision) -> str:
     by = f"rule {decision.rule_id}" if decision.rule_id else decision.source
     shadow = "".join(f"; shadow rule {s['rule']} would {s['effect']}" for s in decision.shadow)
-    return f"{decision.effect} ({by}: {decision.reason}){shadow}"
+    said = decision.reason if decision.reason.startswith(f"{by}:") else f"{by}: {decision.reason}"  # yolo: true
+    return f"{decision.effect} ({said}){shadow}"
 
 
 def run_tests(path: str | Path, *, opa_url: str | None = None, opa_path: str = DEFAULT_PATH) -> int:

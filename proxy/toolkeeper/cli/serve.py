@@ -14,6 +14,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from toolkeeper.common import counted
 from toolkeeper.settings import Settings, SettingsError
 
 log = logging.getLogger("toolkeeper")
@@ -150,7 +151,7 @@ def linted(agent) -> bool:
 
 def listening_line(agent, host: str, port: int, policy: str, workers: int = 1, loop: str = "asyncio") -> str:
     processes = f", {workers} workers" if workers > 1 else ""
-    return (f"toolkeeper listening on http://{host}:{port}/v1 ({len(agent.tools)} declared tools from "
+    return (f"toolkeeper listening on http://{host}:{port}/v1 ({counted(len(agent.tools), 'declared tool')} from "
             f"{agent.path}, upstream {agent.config.upstream}, {policy}{processes}, event loop {loop})")
 
 

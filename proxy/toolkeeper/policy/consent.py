@@ -69,8 +69,9 @@ class NoConsent:
     can_ask = False
 
     async def ask(self, request: ConsentRequest) -> ConsentAnswer:
-        return ConsentAnswer(False, "none", f"{request.reason}; it needs a person's approval and no approver was "
-                                            "available (toolkeeper runs without a terminal or an approvals channel)")
+        return ConsentAnswer(False, "none", f"{request.reason.rstrip('.')}; it needs a person's approval and no "
+                                            "approver was available (toolkeeper runs without a terminal or an "
+                                            "approvals channel)")
 
 
 def local_user() -> str:
