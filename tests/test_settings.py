@@ -81,8 +81,10 @@ def test_a_broken_config_file_stops_serve_saying_what_is_wrong(tmp_path, text, s
     done = subprocess.run([sys.executable, "-m", "toolkeeper", "serve", str(agent), "--config", str(config)],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 2 and said in done.stderr, done.stderr
+    if "is not" in said:  # a value of the wrong type: said with the file it is in
+        assert f"{config}: {said}" in done.stderr
 
 
 def test_a_wrong_environment_value_is_refused_too():
-    with pytest.raises(SettingsError, match="workers: 'two' is not an integer"):
+    with pytest.raises(SettingsError, match="TOOLKEEPER_WORKERS: workers: 'two' is not an integer"):
         settings_from([], {"TOOLKEEPER_WORKERS": "two"})

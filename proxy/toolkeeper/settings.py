@@ -191,19 +191,21 @@ class Settings:
         """Flags > TOOLKEEPER_* variables > the config file > defaults; raises SettingsError saying what is wrong."""
         environ = dict(os.environ) if environ is None else environ
         config = getattr(arguments, "config", None) or environ.get(CONFIG_VARIABLE)
-        values: dict[str, Any] = {}
-        for layer in (read_config(config) if config else {}, from_environment(environ)):
-            values.update(layer)
-        values.update({s.name: getattr(arguments, s.name) for s in fields(cls)
+        values: dict[str, tuple[Any, str]] = {}  # each value, and where it came from (for what is wrong with it)
+        values.update({name: (value, str(config)) for name, value in (read_config(config) if config else {}).items()})
+        values.update({name: (value, PREFIX + name.upper()) for name, value in from_environment(environ).items()})
+        values.update({s.name: (getattr(arguments, s.name), "--" + s.name.replace("_", "-")) for s in fields(cls)
                        if s.metadata["flag"] and getattr(arguments, s.name, None) is not None})
-        return cls(**{name: typed(name, value) for name, value in values.items()})
+        return cls(**{name: typed(name, value, where) for name, (value, where) in values.items()})
 
 
 SETTINGS = {setting.name: setting for setting in fields(Settings)}
 
 
-def typed(name: str, value: Any) -> Any:
-    """A value from a flag, a variable or the file, as the setting's type (a list for a repeatable one)."""
+def typed(name: str, value: Any, where: str = "") -> Any:
+    """A value from a flag, a variable or the file (`where`: which, said when it is wrong), as the setting's type (a
+    list for a repeatable one)."""
+    said = f"{where}: {name}" if where else name
     setting = SETTINGS[name]
     default = setting.default
     try:
@@ -218,10 +220,10 @@ def typed(name: str, value: Any) -> Any:
             value = str(value)
     except (TypeError, ValueError):
         kind = {int: "an integer", float: "a number"}.get(type(default), "a text")
-        raise SettingsError(f"{name}: {value!r} is not {kind}") from None
+        raise SettingsError(f"{said}: {value!r} is not {kind}") from None
     choices = setting.metadata["choices"]
     if choices and value not in choices:
-        raise SettingsError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+        raise SettingsError(f"{said}: {value!r} is not one of {', '.join(choices)}")
     return value
 
 
