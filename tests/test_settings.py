@@ -88,3 +88,17 @@ def test_a_broken_config_file_stops_serve_saying_what_is_wrong(tmp_path, text, s
 def test_a_wrong_environment_value_is_refused_too():
     with pytest.raises(SettingsError, match="TOOLKEEPER_WORKERS: workers: 'two' is not an integer"):
         settings_from([], {"TOOLKEEPER_WORKERS": "two"})
+
+
+def test_serving_beyond_loopback_with_no_agent_keys_is_warned_of(tmp_path, caplog):
+    from toolkeeper.app import agent_keys
+    from toolkeeper.settings import Settings
+    from toolkeeper.tools import load_agent_file
+
+    (tmp_path / "agent.yaml").write_text("upstream: http://127.0.0.1:9/v1\ntools: []\n")
+    agent = load_agent_file(tmp_path / "agent.yaml")
+    with caplog.at_level("WARNING", logger="toolkeeper"):
+        agent_keys(agent, Settings(host="127.0.0.1"))
+        assert not caplog.records
+        agent_keys(agent, Settings(host="0.0.0.0"))
+    assert "serving on 0.0.0.0 with no agent keys listed" in caplog.text

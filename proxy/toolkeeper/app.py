@@ -18,6 +18,7 @@ from aiohttp import web
 
 from toolkeeper import __version__
 from toolkeeper.audit import Observer, Redactor, SQLAudit, open_audit
+from toolkeeper.common import is_loopback
 from toolkeeper.engine import CallHandler, Engine, History, HookCalls, McpDoor
 from toolkeeper.metrics import Metrics
 from toolkeeper.policy import (
@@ -182,6 +183,10 @@ def agent_keys(agent: Agent, settings: Settings) -> dict[str, str]:
     if agent.config.api_key_env and not keys:
         log.warning("toolkeeper holds the upstream key (api_key_env) and no agent keys are listed: every request "
                     "is refused until `agents:` or --agent-keys names the agents")
+    elif not keys and not is_loopback(settings.host):
+        log.warning("serving on %s with no agent keys listed: anyone who can reach this port can send requests "
+                    "whose model calls the declared tools; list the agents (`agents:` or --agent-keys)",
+                    settings.host)
     return keys
 
 

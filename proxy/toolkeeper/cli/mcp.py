@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import sys
 
+from toolkeeper.cli.serve import configure_logging
 from toolkeeper.cli.tokens import no_store_at
 from toolkeeper.common import counted, printable
 from toolkeeper.settings import Settings, SettingsError
@@ -41,8 +42,7 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level)
     words = args.words
     if words[0] == "pins" and len(words) == 1:
         return asyncio.run(pins_command(settings))

@@ -44,8 +44,7 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"toolkeeper: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level)
     try:
         agent = load_agent_file(agent_file, upstream=settings.upstream)
         if not linted(agent):
@@ -176,3 +175,11 @@ def run_loop(main: Coroutine[Any, Any, int], loop: str) -> int:
 
         return uvloop.run(main)
     return asyncio.run(main)
+
+
+def configure_logging(level: str) -> None:
+    """toolkeeper's log on stderr; the MCP SDK's own INFO lines (its session manager starting) are not toolkeeper's
+    to say."""
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("mcp").setLevel(max(logging.getLogger().level, logging.WARNING))
