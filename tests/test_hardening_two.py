@@ -335,3 +335,13 @@ def test_a_lone_carriage_return_ends_a_line_for_toolkeeper_as_for_the_agent():
                  b'"content_block":{"type":"text","text":""}}', b"event: content_block_delta\ndata: " + raw):
         reader.take(data, object())
     assert reader._shape.prefix is None  # a key of toolkeeper's own in the bytes: never learnt from
+
+
+
+def test_check_says_a_rule_on_a_hosted_tools_arguments_withholds_it_whole(tmp_path):
+    write_agent(tmp_path, CHECKED)
+    (tmp_path / "rules.yaml").write_text("rules:\n  - id: no-vault-code\n    effect: deny\n    reason: No.\n"
+                                         "    when: {source: hosted, tool: code_interpreter, arguments: "
+                                         "{code: {matches: vault}}}\n")
+    run = run_cli("check", str(tmp_path / "agent.yaml"), "--policy", str(tmp_path / "rules.yaml"))
+    assert "R004" in run.stdout and "no-vault-code" in run.stdout and "withholds the tool whole" in run.stdout

@@ -189,9 +189,14 @@ class Rules:
     def problems(self, agent: Agent) -> list[tuple[str, str, str]]:
         """(code, rule id, what): R001 a rule naming a tool the file does not declare, R002 one testing an
         argument no tool it names declares, R003 one testing a value the argument's enum never takes (both can
-        never match)."""
+        never match), R004 one testing the arguments of a tool the model server runs (unknown when it is offered:
+        the tool is withheld whole)."""
         found = []
         for rule in self.rules:
+            if rule.when.source == "hosted" and rule.when.arguments and rule.effect != "allow":
+                found.append(("R004", rule.id, f"rule {rule.id!r} tests the arguments of a tool the model server "
+                              "runs, which are not known when the tool is offered: it withholds the tool whole, "
+                              "whatever the arguments would have been"))
             if rule.when.source in ("agent", "hosted", "mcp"):
                 continue  # the agent's own tools, the model server's and MCP servers': not in the agent file
             globs = _globs(rule.when.tool)
