@@ -183,6 +183,7 @@ def test_the_admin_api_needs_the_token(tka):
         run = cli(tka, "approvals", token=token)
         assert run.returncode != 0
         assert "401" in run.stderr and "a valid token is required" in run.stderr
+        assert ("no admin token is set here (TOOLKEEPER_ADMIN_TOKEN" in run.stderr) == (token is None)
 
 
 def test_no_answer_before_the_timeout_is_a_deny(scripted, tmp_path):

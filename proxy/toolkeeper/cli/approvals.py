@@ -77,6 +77,9 @@ def _call(at: Server, path: str, method: str = "GET", body: dict | None = None) 
         detail = exc.read().decode(errors="replace")
         with contextlib.suppress(json.JSONDecodeError, AttributeError):
             detail = json.loads(detail).get("error", detail)
+        if exc.code == 401 and not at.token:  # the likely cause first: no token was given at all
+            detail = (f"no admin token is set here (TOOLKEEPER_ADMIN_TOKEN, its _FILE, or the config file's "
+                      f"admin_token_file:), and serve asks for one: {detail}")
         raise SystemExit(printable(f"toolkeeper: {exc.code}: {detail}")) from None
     except urllib.error.URLError as exc:
         raise SystemExit(f"toolkeeper: cannot reach {at.url}: {exc.reason} (serve's address: --url, or its --config, "
