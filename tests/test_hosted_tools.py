@@ -9,6 +9,7 @@ is recorded `observed`, with its arguments and its output's size and digest.
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import anthropic
 import openai
@@ -287,3 +288,34 @@ def test_audit_list_says_whose_tool_each_record_is(scripted, tkh):
     tkh.client().responses.create(model="m", input="News?", tools=[{"type": "web_search"}])
     listing = audit_cli(tkh.directory / "audit.sqlite3", "list", "--source", "hosted")
     assert listing.returncode == 0 and "web_search (hosted)" in listing.stdout and "(agent)" not in listing.stdout
+
+
+def test_shadow_rules_are_tried_on_hosted_offers_and_on_the_calls_the_server_ran(scripted, tmp_path):
+    rules = """
+rules:
+  - id: web-search-would-be-denied
+    mode: shadow
+    effect: deny
+    reason: Searching the web is to be refused.
+    when: {source: hosted, tool: web_search}
+  - id: vault-code-would-be-denied
+    mode: shadow
+    effect: deny
+    reason: Code may not read the vault.
+    when: {source: hosted, tool: code_interpreter, arguments: {code: {matches: vault}}}
+"""
+    for tk in toolkeeper_with_rules(scripted, tmp_path, rules):
+        scripted.script({"content": "Found it.", "items": [
+            {"type": "code_interpreter_call", "id": "ci_vault", "code": "open('vault')", "container_id": "c",
+             "outputs": []}]})
+        tk.client().responses.create(model="m", input="Go.", tools=[
+            {"type": "web_search"}, {"type": "code_interpreter", "container": {"type": "auto"}}])
+        assert [t["type"] for t in scripted.bodies()[0]["tools"] if t["type"] != "function"] == [
+            "web_search", "code_interpreter"]  # shadow rules decide nothing
+        observed = next(r for r in hosted_records(tk) if r["call_id"] == "ci_vault")
+        assert observed["shadow"] == [{"rule": "vault-code-would-be-denied", "effect": "deny"}]
+        metrics = urllib.request.urlopen(tk.base_url[:-3] + "/metrics", timeout=10).read().decode()
+        # the vault rule twice: on the offer (its arguments unknown, as an enforced rule would withhold the tool),
+        # and on the call the server ran
+        for rule, times in (("web-search-would-be-denied", 1), ("vault-code-would-be-denied", 2)):
+            assert f'toolkeeper_shadow_matches_total{{effect="deny",rule="{rule}"}} {times}.0' in metrics

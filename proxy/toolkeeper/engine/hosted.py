@@ -37,6 +37,8 @@ class HostedTools:
         document = handler.document(name, UNKNOWN_ARGUMENTS, None, turn, kind=kind, source="hosted")
         decision = await handler.policy.decide(document)
         if decision.effect == "allow":
+            for shadow in decision.shadow:  # an offer is no call: its shadow matches are counted, not recorded
+                handler.metrics.count("toolkeeper_shadow_matches_total", effect=shadow["effect"], rule=shadow["rule"])
             return True
         if decision.effect == "ask":  # nobody can be asked per call: the server runs them all at once
             decision = Decision("deny", decision.source, f"{decision.reason} (a tool the model server runs cannot "
@@ -57,8 +59,16 @@ class HostedTools:
         if output is not None:
             text = output if isinstance(output, str) else canonical_json(output).decode()
             record.output_bytes, record.output_sha256 = len(text.encode()), sha256_hex(text.encode())
-        record.decided_by(Decision("allow", "hosted", "run by the model server, within its answer"))
+        record.decided_by(Decision("allow", "hosted", "run by the model server, within its answer",
+                                   shadow=await self._shadow(call, turn)))
         await self.handler.settle(record, Outcome(""))  # one event: the server had run it before anyone knew
+
+    async def _shadow(self, call: ToolCall, turn: TurnContext) -> tuple[dict[str, str], ...]:
+        """The shadow rules that match a call the server ran, on the arguments it ran it with (they are known
+        now): recorded with it, as with every call. Nothing it decides: the call has run."""
+        handler = self.handler
+        document = handler.document(call.name, call.arguments, None, turn, kind=call.kind, source="hosted")
+        return (await handler.policy.decide(document)).shadow
 
     def _record(self, name: str, kind: str, arguments: Any, turn: TurnContext, status: str,
                 call_id: str) -> ExecutionRecord:
