@@ -60,6 +60,10 @@ def send(tk, method: str, path: str, body: dict | None = None, headers: dict | N
     ("POST", "/openai/deployments/gpt/completions", {"prompt": "hi", "functions": [{"name": "f"}]}, None,
      "completions_with_tools"),
     ("POST", "/v1/Realtime/calls", {}, None, "realtime"),
+    # stored chat completions: the hidden rounds' declared calls would show there
+    ("GET", "/v1/chat/completions/chatcmpl-123", None, None, "stored_chat_completions"),
+    ("GET", "/v1/chat/completions/chatcmpl-123/messages", None, None, "stored_chat_completions"),
+    ("GET", "/v1/chat/completions", None, None, "stored_chat_completions"),
 ], ids=lambda value: value if isinstance(value, str) and value.startswith("/") else None)
 def test_a_tool_capable_endpoint_toolkeeper_does_not_govern_is_refused(scripted, governing, method, path, body,
                                                                          headers, endpoint):

@@ -168,8 +168,8 @@ def test_labels_from_outside_are_escaped_and_never_forge_a_series(scripted, agen
         every = {dict(labels).get("api") for _, labels in samples} - {None}
         assert every == {"chat", "responses", "messages"}
         endpoints = {dict(labels)["endpoint"] for _, labels in samples if "endpoint" in dict(labels)}
-        assert endpoints <= {"realtime", "assistants_runs", "batches", "websocket", "completions_with_tools",
-                             "responses_compact", "completions"}
+        assert endpoints <= {"realtime", "assistants_runs", "batches", "stored_chat_completions", "websocket",
+                             "completions_with_tools", "responses_compact", "completions"}
     finally:
         tk.close_clients()
         process.stop()

@@ -36,7 +36,11 @@ UNGOVERNED = (
     ("realtime", re.compile(ANY_PREFIX + r"realtime(/.*)?", re.IGNORECASE), None),  # sessions, secrets, calls, socket
     ("assistants_runs", re.compile(ANY_PREFIX + r"threads/(runs|[^/]+/runs(/.*)?)", re.IGNORECASE), ("POST",)),
     ("batches", re.compile(ANY_PREFIX + r"(batches|messages/batches)", re.IGNORECASE), ("POST",)),
+    # stored chat completions: each round toolkeeper ran is one, the declared calls the agent never saw included
+    ("stored_chat_completions", re.compile(ANY_PREFIX + r"chat/completions(/.*)?", re.IGNORECASE), ("GET",)),
 )
+WHY = {"stored_chat_completions": "a stored chat completion shows the rounds the agent never saw, the declared "
+                                  "calls toolkeeper ran among them"}
 # The governed APIs' paths under /v1, which the engine answers only spelled exactly so.
 GOVERNED = ("chat/completions", "responses", "messages")
 LEGACY_COMPLETIONS = re.compile(ANY_PREFIX + r"completions", re.IGNORECASE)
@@ -117,9 +121,10 @@ class Endpoints:
                                  "or record applies to the tool calls it makes", "toolkeeper_ungoverned_passed_total")
                 return Verdict(name)
             self.metrics.count("toolkeeper_ungoverned_refused_total", endpoint=name)
+            why = WHY.get(name, "the tool calls made there would escape its rules, consent and audit")
             return Verdict(name, f"toolkeeper does not govern {request.method} {path} ({name.replace('_', ' ')}): "
-                                 "the tool calls made there would escape its rules, consent and audit, so it is "
-                                 f"refused. An operator may let it through with --pass-ungoverned {path}")
+                                 f"{why}, so it is refused. An operator may let it through with --pass-ungoverned "
+                                 f"{path}")
         unspoken = next((name for name, pattern in UNSPOKEN if pattern.fullmatch(under_v1(path))), None)
         if unspoken and request.method == "POST":
             self._note(unspoken, f"{path} is passed through untouched: toolkeeper does not speak this API, so its "
