@@ -213,3 +213,9 @@ def test_the_console_replays_pasted_rules(seeded, scripted):
             urllib.request.urlopen(request, timeout=30)
         assert refused.value.code == 400 and "a deny rule needs a reason" in refused.value.read().decode()
         refused.value.close()
+        as_json = urllib.request.Request(base, data=b'{"candidate": "rules: []"}', method="POST", headers={
+            "Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})  # no form: nothing to replay
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(as_json, timeout=30)
+        assert refused.value.code == 400 and "No candidate rules were sent" in refused.value.read().decode()
+        refused.value.close()

@@ -53,6 +53,9 @@ class ReplayPage:
     async def run(self, request: web.Request) -> web.Response:
         posted = await request.post()
         values = {name: str(posted.get(name, "")) for name in ("candidate", "since", "until", "tool")}
+        if not values["candidate"].strip():  # a form sent empty, or a body that is no form (JSON): nothing to replay
+            problem = "<p id=problems class=failed>No candidate rules were sent: paste them in the form.</p>"
+            return page(request, "Replay the trail", problem + self._form(request, values), status=400)
         window: dict[str, Any] = {"tool": values["tool"] or None}
         for name in ("since", "until"):
             window[name] = typed_time(values[name]) if values[name] else None
