@@ -100,6 +100,11 @@ def test_data_endpoints_and_the_governed_paths_themselves_pass_as_before(scripte
     scripted.script({"content": "hello"})
     status, answer = send(governing, "GET", "/v1/models")
     assert status == 200 and answer["data"]
+    # an id in mixed case under a governed API's path is the server's spelling, not another path
+    for path in ("/v1/messages/batches/msgbatch_01HkcTjaV5uDC8jWR4ZsDV8d", "/v1/responses/resp_ABC/input_items"):
+        status, answer = send(governing, "GET", path)
+        assert status != 403, answer
+        assert scripted.requests()[-1].get("path") == path
     status, answer = send(governing, "POST", "/v1/chat/completions", {"model": "m", "messages": user()})
     assert status == 200 and answer["choices"][0]["message"]["content"] == "hello"
 

@@ -84,8 +84,13 @@ def another_spelling(path: str, raw_path: str) -> bool:
     take it for a slash), or a governed API's path in another case."""
     if normalised(path) != path or "%2f" in raw_path.lower() or "\\" in path:
         return True
-    lowered = under_v1(path.lower())
-    return lowered != under_v1(path) and any(lowered == api or lowered.startswith(api + "/") for api in GOVERNED)
+    segments = path.strip("/").split("/")
+    for api in GOVERNED:  # /v1 and the API's own part compared; what follows (an id) is the server's to spell
+        for spelled in (["v1", *api.split("/")], api.split("/")):
+            given = segments[:len(spelled)]
+            if given != spelled and [segment.lower() for segment in given] == spelled:
+                return True
+    return False
 
 
 def under_v1(path: str) -> str:
@@ -108,8 +113,9 @@ class Endpoints:
     def verdict(self, request: web.Request, body: dict | None = None) -> Verdict:
         path = normalised(request.path)
         if another_spelling(request.path, request.raw_path):
+            read = f"is {path!r}" if path != request.path else "is a governed path in another case"
             return Verdict("path_variant", f"toolkeeper forwards no path it reads differently from the model "
-                                           f"server ({request.path!r} is {path!r}): send the path as it is")
+                                           f"server ({request.path!r} {read}): send the path as it is")
         name = self._ungoverned(request, under_v1(path), body)
         if name:
             if self._passes(path) and request.headers.get("Upgrade", "").lower() == "websocket":
