@@ -345,3 +345,8 @@ def test_check_says_a_rule_on_a_hosted_tools_arguments_withholds_it_whole(tmp_pa
                                          "{code: {matches: vault}}}\n")
     run = run_cli("check", str(tmp_path / "agent.yaml"), "--policy", str(tmp_path / "rules.yaml"))
     assert "R004" in run.stdout and "no-vault-code" in run.stdout and "withholds the tool whole" in run.stdout
+    assert "make it `mode: shadow`" in run.stdout
+    shadow = (tmp_path / "rules.yaml").read_text().replace("effect: deny", "mode: shadow\n    effect: deny")
+    (tmp_path / "rules.yaml").write_text(shadow)  # a shadow rule withholds nothing: tried on the calls that ran
+    run = run_cli("check", str(tmp_path / "agent.yaml"), "--policy", str(tmp_path / "rules.yaml"))
+    assert "R004" not in run.stdout, run.stdout

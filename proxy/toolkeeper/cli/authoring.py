@@ -82,9 +82,14 @@ def findings_for(agent_file: str, policy: str | None) -> list:
         except RulesError as exc:
             return [*findings, Finding("R000", "error", None, None, f"the rules do not load: {exc}",
                                        "correct what it names")]
-        findings += [Finding(code, "warning", None, f"rules.{rule_id}", text, "name what the agent file declares, "
-                             "or say `source: agent`") for code, rule_id, text in rules.problems(agent)]
+        findings += [Finding(code, "warning", None, f"rules.{rule_id}", text, RULE_FIXES.get(code, RULE_FIX))
+                     for code, rule_id, text in rules.problems(agent)]
     return findings
+
+
+RULE_FIX = "name what the agent file declares, or say `source: agent`"
+RULE_FIXES = {"R004": "test no argument (the tool is withheld whole), or make it `mode: shadow`, which is tried on "
+                      "the calls the server ran, with their arguments"}
 
 
 def model_command(args: argparse.Namespace) -> int:

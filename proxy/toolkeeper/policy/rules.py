@@ -193,7 +193,8 @@ class Rules:
         the tool is withheld whole)."""
         found = []
         for rule in self.rules:
-            if rule.when.source == "hosted" and rule.when.arguments and rule.effect != "allow":
+            if rule.when.source == "hosted" and rule.when.arguments and rule.effect != "allow" \
+                    and rule.mode == "enforce":
                 found.append(("R004", rule.id, f"rule {rule.id!r} tests the arguments of a tool the model server "
                               "runs, which are not known when the tool is offered: it withholds the tool whole, "
                               "whatever the arguments would have been"))
