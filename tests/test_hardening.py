@@ -449,3 +449,13 @@ def test_a_streamed_call_no_rule_could_decide_on_is_a_502_not_passed_on(scripted
                           {"Content-Type": "application/json"})
     assert response.status == 502, data
     assert json.loads(data)["error"]["code"] == "upstream_malformed" and b"danger" not in data
+
+
+
+def test_a_chat_request_offering_a_custom_tool_is_refused_before_the_model_is_asked(scripted, tkh):
+    scripted.script({"content": "never asked"})
+    custom = {"type": "custom", "custom": {"name": "danger", "description": "Run anything."}}
+    response, data = post(tkh, CHAT, json.dumps({"model": "m", "messages": user(), "tools": [custom]}).encode(),
+                          {"Content-Type": "application/json"})
+    assert response.status == 400 and json.loads(data)["error"]["code"] == "tool_type_not_governed"
+    assert scripted.requests() == []

@@ -90,6 +90,10 @@ class ChatCompletions(AgentAPI):
         if body.get("functions") is not None or body.get("function_call") is not None:
             return self.refuse("the legacy `functions` and `function_call` are not governed by toolkeeper: send "
                                "the same functions as `tools` (and `tool_choice`)", "legacy_functions_not_governed")
+        if any(type(tool) is dict and tool.get("type", "function") != "function" for tool in body.get("tools") or ()):
+            return self.refuse("toolkeeper governs Chat Completions tools of type function only (a custom tool's "
+                               "calls carry no function): send the tool as a function, its input one string "
+                               "parameter", "tool_type_not_governed")
         if isinstance(body.get("n"), int) and body["n"] > 1 and (self.engine.active_tools(body) or body.get("tools")):
             return self.refuse("n > 1 cannot be combined with tools: every call is decided and recorded, and "
                                "only the first choice is; send n = 1", "n_not_supported")
