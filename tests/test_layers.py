@@ -188,3 +188,5 @@ def test_each_facade_exports_a_sorted_all_that_resolves(facade):
     assert list(exported) == sorted(exported, key=lambda n: (not n.isupper(), not n[:1].isupper(), n))
     for name in exported:
         assert getattr(package, name) is not None, f"{facade}.{name}"
+    lazy = getattr(package, "_HOME_OF", None)  # a facade that imports each name when first used
+    assert lazy is None or set(lazy) == set(exported)

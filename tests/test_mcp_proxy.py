@@ -277,6 +277,9 @@ def test_a_server_that_will_not_start_holds_nothing_up(setup):
   - name: stuck
     command: ["{sys.executable}", "-c", "{hangs}"]
     timeout: 3
+  - name: stuck_too
+    command: ["{sys.executable}", "-c", "{hangs}"]
+    timeout: 3
   - name: broken
     command: ["{sys.executable}", "-c", '{crashes}']
     timeout: 3
@@ -295,8 +298,9 @@ tools:
 
     first, first_took, again, called, again_took = asyncio.run(run())
     assert "mcp__notes__echo" in first and first == again  # the working servers listed, the others left out
-    assert not any(name.startswith(("mcp__stuck__", "mcp__broken__")) for name in first)
-    assert first_took < 40  # the hanging start waited for once (its connect timeout), not once per server
+    assert not any(name.startswith(("mcp__stuck", "mcp__broken__")) for name in first)
+    # the two hanging starts waited for side by side (the SDK gives up on an initialize after 15 s): not one by one
+    assert first_took < 25, first_took
     assert again_took < 5  # neither is started again yet: said at once
     assert called.is_error and "could not be started" in text_of(called) and "tried again 30 s after" in text_of(
         called)

@@ -182,4 +182,5 @@ def configure_logging(level: str) -> None:
     to say."""
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("mcp").setLevel(max(logging.getLogger().level, logging.WARNING))
+    root = logging.getLogger().level
+    logging.getLogger("mcp").setLevel(logging.WARNING if root == logging.INFO else root)  # DEBUG: all of it

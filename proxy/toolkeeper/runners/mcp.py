@@ -133,6 +133,9 @@ class McpConnection:
 
     async def refreshed(self) -> list[dict[str, Any]]:
         """Its tools as it lists them now (a server may change them while it runs)."""
+        if self._client is None:  # not running: starting it lists them
+            await self.client()
+            return self.tools
         client = await self.client()
         try:
             self.tools = await asyncio.wait_for(_list_all(client), self.spec.timeout)

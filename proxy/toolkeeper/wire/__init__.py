@@ -41,4 +41,31 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = sorted(_HOME_OF, key=lambda name: (not name.isupper(), not name[:1].isupper(), name))
+__all__ = [
+    "ADDON",
+    "ENDPOINTS",
+    "HOOK_AGENTS",
+    "HOOK_AGENTS_THAT_ASK",
+    "HOOK_DECISIONS",
+    "HOST_NAME",
+    "AdminGuard",
+    "ChatCompletions",
+    "Check",
+    "Console",
+    "Doors",
+    "HookEvent",
+    "HookFormatError",
+    "Upstream",
+    "UpstreamError",
+    "admin_app",
+    "anthropic_tool",
+    "approvals_api",
+    "build_server",
+    "flat_tool",
+    "pins_api",
+    "proxy_app",
+    "read_event",
+    "render",
+    "serve_stdio",
+    "tools_api",
+]

@@ -15,6 +15,7 @@ before the agent's text.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -32,6 +33,7 @@ THINKING = ("thinking", "redacted_thinking")
 # The tools the agent runs (its own, and Anthropic's client tools); any other type Anthropic's servers run
 # (web_search_*, web_fetch_*, code_execution_*, tool_search_tool_*, and types to come): governed on the offer.
 CLIENT_TOOLS = ("custom", "bash_", "text_editor_", "computer_", "memory_")
+DATED = re.compile(r"_\d{8}$")  # a server tool's version: web_search_20250305 is web_search to the rules
 SERVER_CALLS = ("server_tool_use", "mcp_tool_use")  # their calls in an answer; a block with the call's id follows
 ROLES = ("user", "assistant", "system")
 
@@ -110,7 +112,7 @@ def hosted_tool(entry: Any) -> tuple[str, str] | None:
         return f"mcp__{entry['name']}__*", "mcp_server"
     if kind.startswith(CLIENT_TOOLS):
         return None
-    return str(entry.get("name") or kind.rsplit("_", 1)[0]), kind
+    return str(entry.get("name") or DATED.sub("", kind) or kind), kind
 
 
 def observed_calls(blocks: list[dict[str, Any]]) -> list[ToolCall]:

@@ -127,8 +127,8 @@ def item_text(item: dict[str, Any]) -> str:
 
 
 def call_name(item: dict[str, Any]) -> str:
-    """The tool a call item calls, as the rules name it: a function's own name (`namespace.name` for one of a
-    namespace the agent declared, as the Agents SDK names it: never a declared tool's), or the built-in's
+    """The tool a call item calls, as the rules name it: a function's own name (`namespace.name` for a call with a
+    namespace, as the Agents SDK names it: never a declared tool's), or the built-in's
     (`shell`), a hosted MCP server's tool as `mcp__<server_label>__<tool>`; a call of a kind toolkeeper does not
     know goes by its name, or its type."""
     if item["type"] == APPROVAL:
