@@ -40,9 +40,11 @@ def toolkeeper_with_rules(scripted, directory, rules: str):
     process = start_toolkeeper(directory / "agent.yaml", scripted.base_url, "--policy", str(directory / "rules.yaml"),
                                "--audit", str(directory / "audit.sqlite3"), "--store", ":memory:")
     tk = Toolkeeper(process, directory)
-    yield tk
-    tk.close_clients()
-    process.stop()
+    try:  # a test that fails inside `for tk in ...` closes the generator here: the process still stops
+        yield tk
+    finally:
+        tk.close_clients()
+        process.stop()
 
 
 @pytest.fixture(scope="module")
