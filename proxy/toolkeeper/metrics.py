@@ -197,10 +197,14 @@ class Metrics:
         self.count("toolkeeper_declared_calls_total", status=record.status, tool=tool)
         if record.decision:
             self.count("toolkeeper_decisions_total", effect=record.decision, source=record.decision_source)
-        for shadow in record.shadow:
-            self.count("toolkeeper_shadow_matches_total", effect=shadow["effect"], rule=shadow["rule"])
+        self.shadowed(record.shadow)
         if record.duration_ms:
             self.observe("toolkeeper_tool_seconds", record.duration_ms / 1000, tool=tool)
+
+    def shadowed(self, matches: Iterable[dict[str, str]]) -> None:
+        """The shadow rules that matched a call (or a hosted tool's offer), each by rule and its effect."""
+        for shadow in matches:
+            self.count("toolkeeper_shadow_matches_total", effect=shadow["effect"], rule=shadow["rule"])
 
     def render(self) -> bytes:
         """The page, in prometheus_client's text format (`content_type`)."""

@@ -37,8 +37,7 @@ class HostedTools:
         document = handler.document(name, UNKNOWN_ARGUMENTS, None, turn, kind=kind, source="hosted")
         decision = await handler.policy.decide(document)
         if decision.effect == "allow":
-            for shadow in decision.shadow:  # an offer is no call: its shadow matches are counted, not recorded
-                handler.metrics.count("toolkeeper_shadow_matches_total", effect=shadow["effect"], rule=shadow["rule"])
+            handler.metrics.shadowed(decision.shadow)  # an offer is no call: its matches are counted, not recorded
             return True
         if decision.effect == "ask":  # nobody can be asked per call: the server runs them all at once
             decision = Decision("deny", decision.source, f"{decision.reason} (a tool the model server runs cannot "

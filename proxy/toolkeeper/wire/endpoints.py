@@ -118,11 +118,11 @@ class Endpoints:
                                            f"server ({request.path!r} {read}): send the path as it is")
         name = self._ungoverned(request, under_v1(path), body)
         if name:
-            if self._passes(path) and request.headers.get("Upgrade", "").lower() == "websocket":
-                self.metrics.count("toolkeeper_ungoverned_refused_total", endpoint=name)
-                return Verdict(name, f"--pass-ungoverned names {path}, but toolkeeper carries no WebSocket: the "
-                                     "upgrade is refused (use the API over HTTP)")
             if self._passes(path):
+                if request.headers.get("Upgrade", "").lower() == "websocket":
+                    self.metrics.count("toolkeeper_ungoverned_refused_total", endpoint=name)
+                    return Verdict(name, f"--pass-ungoverned names {path}, but toolkeeper carries no WebSocket: the "
+                                         "upgrade is refused (use the API over HTTP)")
                 self._note(name, f"{request.method} {path} passes ungoverned (--pass-ungoverned): no rule, consent "
                                  "or record applies to the tool calls it makes", "toolkeeper_ungoverned_passed_total")
                 return Verdict(name)

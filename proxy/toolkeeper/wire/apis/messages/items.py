@@ -29,7 +29,6 @@ MESSAGE = "_message"  # a neutral message's original message, when it maps whole
 AFTER_RESULTS = "_after_results"  # the rest of a user message whose tool_result blocks came first
 CALL_BLOCK = "_block"  # the original block of a call
 THINKING = ("thinking", "redacted_thinking")
-# The tools Anthropic's servers run (server tools): their types begin so, with a date after (web_search_20250305).
 # The tools the agent runs (its own, and Anthropic's client tools); any other type Anthropic's servers run
 # (web_search_*, web_fetch_*, code_execution_*, tool_search_tool_*, and types to come): governed on the offer.
 CLIENT_TOOLS = ("custom", "bash_", "text_editor_", "computer_", "memory_")
