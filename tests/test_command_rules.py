@@ -255,3 +255,93 @@ def test_a_brace_sequence_is_never_built_whole():
 
     found = commands_in(policy_input("Bash", {"command": "rm -rf a{1..999999999999}"}, None, source="agent"))
     assert len(found[0][1].commands[0].argv) <= 260
+
+
+# --- issue 38: only ever tighten -------------------------------------------------------------------------------
+
+def expanded(template: str) -> list[str]:
+    """A family's template with each payload in place of {rm} (doubled braces are the template's own)."""
+    if "{rm}" not in template:
+        return [template.replace("{{", "{").replace("}}", "}")]
+    return [template.format(rm=payload) for payload in CORPUS["payloads"]]
+
+
+FAMILIES: dict[str, list[str]] = {family: [command for template in templates for command in expanded(template)]
+                                  for family, templates in CORPUS["families"].items()}
+FAMILY_CASES = [(family, command) for family, commands in FAMILIES.items() for command in commands]
+NEAR_MISSES: list[dict[str, Any]] = CORPUS["near_misses"]
+
+
+def test_the_families_are_several_hundred_commands():
+    assert len(FAMILY_CASES) >= 300, len(FAMILY_CASES)
+    assert len({command for _, command in FAMILY_CASES}) == len(FAMILY_CASES), "a command is listed twice"
+
+
+@pytest.mark.parametrize(("family", "command"), FAMILY_CASES, ids=ids([command for _, command in FAMILY_CASES]))
+def test_every_family_is_denied_and_never_allowed(deny_rm, allow_few, family, command):
+    decision = on_bash(deny_rm[0], command)
+    assert decision is not None and decision.effect == "deny" and decision.rule_id == "no-rm-rf", \
+        f"{family}: {said(decision)}"
+    assert on_bash(allow_few[0], command) is None, f"{family}: {said(on_bash(allow_few[0], command))}"
+    decision = on_argv(deny_rm[1], ["bash", "-c", command])
+    assert decision is not None and decision.effect == "deny", f"{family} (argv): {said(decision)}"
+
+
+@pytest.mark.parametrize("entry", NEAR_MISSES, ids=ids([entry["command"] for entry in NEAR_MISSES]))
+def test_a_near_miss_is_read_and_allowed_by_its_programs(tmp_path, deny_rm, entry):
+    command = entry["command"]
+    assert on_bash(deny_rm[0], command) is None, said(on_bash(deny_rm[0], command))
+    decision = on_bash(rules_file(tmp_path, "allow", bash_rule(*allow(entry["programs"]))), command)
+    assert decision is not None and decision.effect == "allow" and decision.rule_id == "ok", said(decision)
+
+
+def test_the_reader_handles_every_node_kind_of_the_grammar():
+    """Every kind of node tree-sitter-bash declares is read explicitly (shell.NODE_KINDS); a kind the grammar
+    gains in a new version fails here until it is, and meanwhile leaves the command unresolved."""
+    import tree_sitter_bash
+    from tree_sitter import Language
+
+    from toolkeeper.policy.shell import NODE_KINDS, TOKENS
+
+    language = Language(tree_sitter_bash.language())
+    visible = [kind for kind in range(language.node_kind_count) if language.node_kind_is_visible(kind)]
+    named = {language.node_kind_for_id(k) for k in visible if language.node_kind_is_named(k)} - {"ERROR"}
+    tokens = {language.node_kind_for_id(k) for k in visible if not language.node_kind_is_named(k)}
+    assert named - set(NODE_KINDS) == set(), "named kinds the reader does not handle"
+    assert set(NODE_KINDS) - named == set(), "kinds the grammar no longer declares"
+    assert tokens - TOKENS == set(), "tokens the reader does not know"
+
+
+def test_an_unknown_node_kind_or_odd_token_makes_the_command_unresolved(monkeypatch):
+    from toolkeeper.policy import shell
+    from toolkeeper.policy.commands import commands_of_script
+
+    monkeypatch.setattr(shell, "NODE_KINDS", {k: v for k, v in shell.NODE_KINDS.items() if k != "case_item"})
+    shell.parse_script.cache_clear()
+    commands_of_script.cache_clear()
+    try:
+        found = commands_of_script("case x in a) ls;; esac")
+        assert any("case_item" in why for why in found.unresolved), found
+    finally:
+        shell.parse_script.cache_clear()
+        commands_of_script.cache_clear()
+    assert any("'-rf$'" in why for why in commands_of_script('rm -rf$"" /x').unresolved)
+
+
+def test_every_catalogue_entry_has_a_case_in_the_corpus():
+    from toolkeeper.policy.programs import catalogue
+
+    commands = [command for _, command in FAMILY_CASES] + [entry["command"] for entry in NEAR_MISSES] \
+        + EVASIONS + UNRESOLVABLE + [entry["command"] for entry in HARMLESS]
+    words = {word for command in commands for word in command.replace("'", " ").replace('"', " ").split()}
+    known = catalogue()
+    missing = [name for name in [*known.programs, *known.shells] if name not in words
+               and not any(word.endswith("/" + name) for word in words)]
+    assert missing == [], f"catalogue entries with no case: {missing}"
+
+
+def test_inline_code_is_said_in_the_reason(deny_rm):
+    decision = on_bash(deny_rm[0], "python3 -c 'import os'")
+    assert "python3 -c runs code toolkeeper does not read" in decision.reason
+    decision = on_bash(deny_rm[0], "awk 'BEGIN{system(\"x\")}'")
+    assert "awk runs a program in another language" in decision.reason

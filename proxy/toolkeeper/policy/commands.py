@@ -1,37 +1,41 @@
-"""What a command line or an argv really runs: each program, with the wrappers around it looked through.
+"""What a command line or an argv really runs: each program, with the programs around it looked through.
 
 `sudo -u root env A=1 timeout 5 rm -rf /` runs four programs: sudo, env,
-timeout and rm, and a rule about rm must see the last. Each wrapper's
-options are read as the wrapper reads them, so its own option values are
-never taken for the program. Shells given a script (`bash -c`, `su -c`,
-`watch`, a heredoc, an `alias` value) have it parsed in turn; `xargs` and
-`find -exec` run the command they name (xargs with arguments known only at
-run time), and `find -delete` counts as `rm -r -f` on the paths it searches.
+timeout and rm, and a rule about rm must see the last. What toolkeeper knows
+about programs that run what they are given is data, in programs.yaml: a
+wrapper's options are read as the wrapper reads them, so its own option values
+are never taken for the program; a command line given to a program (`bash -c`,
+`ssh host CMD`, `rsync -e CMD`, `git -c alias.x=!CMD`, a heredoc fed to a
+shell, `GIT_SSH_COMMAND=CMD`) is parsed in turn; `find -exec` runs the command
+it names and `find -delete` counts as `rm -r -f` on the paths it searches.
 
-What toolkeeper cannot know (a program from a variable or a substitution,
-`eval`, a shell reading its commands from a pipe, a parse error) is said in
-`unresolved`: the rules fail closed on it.
+What toolkeeper cannot know is said in `unresolved`, and the rules fail closed
+on it: a program from a variable or a substitution, `eval`, a shell reading
+its commands from a pipe, a parse error, code in another language
+(`python3 -c`, an awk program), start-up code (`BASH_ENV`, `PS4='$(...)'`).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import posixpath
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from toolkeeper.policy.shell import SimpleCommand, parse_script
-from toolkeeper.policy.wrappers import (
-    WRAPPERS,
-    Wrapper,
+from toolkeeper.policy.programs import (
+    Program,
+    catalogue,
     command_option,
+    option_in,
     split_string,
     splits,
     stops,
-    takes_value,
+    values_taken,
 )
+from toolkeeper.policy.shell import SimpleCommand, parse_script
 
-SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh", "rbash", "fish", "csh", "tcsh"})
-STDIN_FILES = frozenset({"/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"})  # a script file that is the input
+STDIN_FILES = frozenset({"/dev/stdin", "/dev/fd/0", "/proc/self/fd/0", "-"})  # a script file that is the input
+DESCRIPTOR_FILES = ("/dev/fd/", "/proc/self/fd/")
 MAX_DEPTH = 8
 
 
@@ -45,6 +49,7 @@ class Command:
     moved: tuple[str | None, ...] = ()  # where `cd` went earlier in the line (None: somewhere known at run time):
     #                                     its relative paths may be from there as well as from the working directory
     reads: tuple[str | None, ...] = ()  # files redirected to its input
+    read_by: str = ""  # the catalogue entry it was read by (programs.yaml), for `policy explain`
 
     @property
     def program(self) -> str | None:
@@ -60,11 +65,14 @@ class Resolution:
 
 @dataclass
 class _Found:
-    """A resolution being built."""
+    """A resolution being built, with what the line has set so far for the commands after."""
 
     commands: list[Command] = field(default_factory=list)
     unresolved: list[str] = field(default_factory=list)
     moved: tuple[str | None, ...] = ()  # the `cd`s seen so far
+    cdpath: bool = False  # CDPATH was set: where a `cd` goes is not known
+    hashed: dict[str, str | None] = field(default_factory=dict)  # `hash -p PATH NAME`: NAME runs PATH
+    input: tuple[str | None, bool] | None = None  # `exec 0<<< SCRIPT`: (the script, or None with fed) from then
 
     def done(self) -> Resolution:
         return Resolution(tuple(self.commands), tuple(dict.fromkeys(self.unresolved)))
@@ -95,20 +103,61 @@ def _script(text: str, out: _Found, depth: int, via: str) -> None:
     parsed = parse_script(text)
     out.unresolved.extend(parsed.problems)
     for simple in parsed.commands:
+        simple = _with_line_state(simple, out)
         before = len(out.commands)
         _simple(simple, out, depth, via)
         if out.moved:
             out.commands[before:] = [replace(c, moved=(*c.moved, *out.moved)) for c in out.commands[before:]]
-        words = simple.words
-        if words and words[0] in ("cd", "pushd"):  # where the commands after it run (in a subshell or not)
-            target = next((w for w in words[1:] if w is None or not w.startswith("-")), "~")
-            out.moved = (*out.moved, target)
+        _after(simple, out)
+
+
+def _with_line_state(simple: SimpleCommand, out: _Found) -> SimpleCommand:
+    """What earlier commands of the line changed for this one: `exec`'s input, `hash -p`'s programs."""
+    if out.input is not None and simple.stdin is None and not simple.fed:
+        simple = replace(simple, stdin=out.input[0], fed=out.input[1])
+    words = simple.words
+    if words and words[0] in out.hashed:
+        simple = replace(simple, words=(out.hashed[words[0]], *words[1:]))
+    return simple
+
+
+def _after(simple: SimpleCommand, out: _Found) -> None:
+    """What a command changes for the commands after it on the line."""
+    words = simple.words
+    if any(name == "CDPATH" for name, _ in simple.assignments) and not words:
+        out.cdpath = True
+    if words and words[0] in ("cd", "pushd"):  # where the commands after it run (in a subshell or not)
+        target = next((w for w in words[1:] if w is None or not w.startswith("-")), "~")
+        relative = target is not None and not target.startswith(("/", "~", "."))
+        if relative and (out.cdpath or any(name == "CDPATH" for name, _ in simple.assignments)):
+            target = None  # `CDPATH=~ cd .aws`: searched for in CDPATH's folders
+        out.moved = (*out.moved, target)
+    elif words == ("exec",) and (simple.stdin is not None or simple.fed):
+        out.input = (simple.stdin, simple.stdin is None)
+    elif words and words[0] == "hash":
+        _hash(words, out)
+
+
+def _hash(words: tuple[str | None, ...], out: _Found) -> None:
+    """`hash -p PATH NAME`: NAME runs the program at PATH from then on."""
+    if "-p" in words:
+        at = words.index("-p")
+        path = words[at + 1] if at + 1 < len(words) else None
+        for name in words[at + 2:]:
+            if name is None:
+                out.unresolved.append("hash -p names a program known only at run time")
+            else:
+                out.hashed[name] = path
 
 
 def _simple(simple: SimpleCommand, out: _Found, depth: int, via: str) -> None:
     words = list(simple.words)
+    assignments = list(simple.assignments)
     while words and words[0] is not None and "=" in words[0] and not words[0].startswith("="):
-        words.pop(0)  # `A=1 rm`: an assignment tree-sitter left among the words (after a wrapper)
+        name, _, value = words.pop(0).partition("=")  # `A=1 rm`: an assignment left among the words (after a wrapper)
+        assignments.append((name, value))
+    for name, value in assignments:
+        _assigned(name, value, out, depth)
     if not words:
         if simple.writes:
             out.commands.append(Command((), simple.writes, transparent=True, via=via))
@@ -117,22 +166,27 @@ def _simple(simple: SimpleCommand, out: _Found, depth: int, via: str) -> None:
     if program is None:
         out.unresolved.append("the program comes from a variable or a substitution")
         return
-    name = posixpath.basename(program)
     if program not in ("[", "[[") and any(ch in program for ch in "*?["):
         out.unresolved.append(f"the program {program!r} is a pattern the shell expands")
         return
     command = Command(tuple(words), simple.writes, via=via, reads=simple.reads)
     if program in ("{", "(", "}", ")"):  # `time { ...; }`: tree-sitter leaves the group's braces among the words
-        _simple(replace(simple, words=tuple(words[1:])), out, depth, via)
-    elif name == "eval":
+        _simple(replace(simple, words=tuple(words[1:]), assignments=()), out, depth, via)
+    elif not _builtin(command, simple, out, depth):
+        _catalogued(command, simple, out, depth)
+
+
+def _builtin(command: Command, simple: SimpleCommand, out: _Found, depth: int) -> bool:
+    """The shell's own ways of running code (eval, source, trap, alias) and the programs read by code here:
+    shells, su, find. False: the command is for the catalogue."""
+    name, words = command.program or "", command.argv
+    if name == "eval":
         out.commands.append(command)
         out.unresolved.append("eval runs a string built at run time")
-    elif name in SHELLS:
+    elif name in catalogue().shells:
         _shell(command, simple, out, depth)
     elif name in ("su", "script") or (name == "runuser" and any(command_option(w) for w in words[1:])):
         _su(command, simple, out, depth)  # su -c CMD, script -c CMD, runuser USER -c CMD: run by a shell
-    elif name in WRAPPERS:
-        _wrapper(name, command, simple, out, depth)
     elif name == "find":
         _find(command, out, depth)
     elif name in ("source", "."):
@@ -156,19 +210,44 @@ def _simple(simple: SimpleCommand, out: _Found, depth: int, via: str) -> None:
             elif "=" in word:
                 _script(word.partition("=")[2], out, depth + 1, "alias")
     else:
-        out.commands.append(command)
+        return False
+    return True
+
+
+def _assigned(name: str, value: str | None, out: _Found, depth: int) -> None:
+    """A variable set for a command or for the rest of the line: some are commands a program runs
+    (`GIT_SSH_COMMAND`), start-up code of a shell (`BASH_ENV`), or code toolkeeper does not read."""
+    kind = catalogue().variable(name)
+    if not kind:
+        return
+    if kind == "command":
+        if value is None:
+            out.unresolved.append(f"{name} holds a command known only at run time")
+        else:
+            _script(value.lstrip("|-"), out, depth + 1, name)  # LESSOPEN='|cmd %s'
+    elif kind == "startup":
+        if value is None or value in STDIN_FILES or value.startswith(DESCRIPTOR_FILES):
+            out.unresolved.append(f"{name} makes a shell run start-up code toolkeeper cannot see")
+    elif kind == "prompt":
+        if value is None or any(expansion in value for expansion in ("$(", "${", "$[", "`")):
+            out.unresolved.append(f"{name} holds a substitution a shell may run")
+    else:
+        out.unresolved.append(f"{name} holds code toolkeeper does not read")
 
 
 def _shell(command: Command, simple: SimpleCommand, out: _Found, depth: int) -> None:
     """`bash -c SCRIPT`, `bash FILE`, or a shell reading its commands from its input."""
     args, script_next, reads_input = list(command.argv[1:]), False, False
+    name = command.program or ""
     while args:
         arg = args.pop(0)
         if arg is None:
             out.unresolved.append("a shell option known only at run time")
             return
-        if arg in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
+        if arg in ("-o", "+o", "-O", "+O"):
             args = args[1:]
+        elif arg in ("--rcfile", "--init-file"):
+            _assigned("BASH_ENV", args.pop(0) if args else None, out, depth)  # start-up code, as BASH_ENV is
         elif arg == "--":
             break
         elif arg.startswith(("--command", "--init-command", "--comm")):  # fish's (and its abbreviations)
@@ -176,17 +255,17 @@ def _shell(command: Command, simple: SimpleCommand, out: _Found, depth: int) -> 
             if script is None:
                 out.unresolved.append("a shell's --command known only at run time")
             else:
-                _script(script, out, depth + 1, f"{command.program} --command")
+                _script(script, out, depth + 1, f"{name} --command")
         elif arg.startswith("--"):
             continue
         elif arg[:1] in "-+" and len(arg) > 1:
-            script_next = script_next or "c" in arg[1:] or (command.program == "fish" and "C" in arg[1:])
+            script_next = script_next or "c" in arg[1:] or (name == "fish" and "C" in arg[1:])
             reads_input = reads_input or "s" in arg[1:]
         else:
             args.insert(0, arg)
             break
-    name = command.program
-    runs_a_file = bool(args) and not script_next and not reads_input and args[0] not in STDIN_FILES
+    runs_a_file = bool(args) and not script_next and not reads_input and args[0] not in STDIN_FILES \
+        and not (args[0] or "").startswith(DESCRIPTOR_FILES)
     # the shell is looked through when it runs a script toolkeeper reads; running a file, it is the program
     out.commands.append(replace(command, transparent=not runs_a_file))
     if script_next:
@@ -196,13 +275,22 @@ def _shell(command: Command, simple: SimpleCommand, out: _Found, depth: int) -> 
         else:
             _script(script, out, depth + 1, f"{name} -c")
     elif not runs_a_file:
-        _script_file("/dev/stdin", name or "", simple, out, depth)
+        _script_file(args[0] if args and not reads_input else "/dev/stdin", name, simple, out, depth)
 
 
 def _script_file(path: str | None, name: str, simple: SimpleCommand, out: _Found, depth: int) -> None:
-    """A script read from a file: its input's (a heredoc toolkeeper reads, or a pipe it cannot), or another."""
+    """A script read from a file: its input's (a heredoc toolkeeper reads, or a pipe it cannot), a heredoc on
+    another descriptor (`bash /dev/fd/3 3<<EOF`), or another file."""
     if path is None:
         out.unresolved.append(f"{name} runs a script known only at run time")
+    elif path.startswith(DESCRIPTOR_FILES) and path not in STDIN_FILES:
+        descriptor = path.rsplit("/", 1)[1]
+        text = dict(simple.descriptors).get(descriptor)
+        if text is None:
+            out.unresolved.append(f"{name} reads its commands from descriptor {descriptor}, which toolkeeper "
+                                  "cannot see")
+        else:
+            _script(text, out, depth + 1, f"{name} reading a heredoc")
     elif path not in STDIN_FILES:
         return  # a script file: what the file holds is not in the call
     elif simple.stdin is not None:
@@ -212,73 +300,216 @@ def _script_file(path: str | None, name: str, simple: SimpleCommand, out: _Found
                               "cannot see")
 
 
-def _wrapper(name: str, command: Command, simple: SimpleCommand, out: _Found, depth: int) -> None:
-    wrapper = WRAPPERS[name]
-    out.commands.append(replace(command, transparent=wrapper.transparent))
-    args = list(command.argv[1:])
-    if name == "watch":
-        _script_of_words(name, args, wrapper, out, depth)
+@dataclass
+class _Options:
+    """A program's own options as read: its operands after them, and whether its code came in a file."""
+
+    operands: list[str | None]
+    code_file: bool = False
+
+
+def _catalogued(command: Command, simple: SimpleCommand, out: _Found, depth: int) -> None:
+    """A program as programs.yaml knows it (a program it does not name is a program like any other)."""
+    entry = catalogue().program(command.program or "")
+    if entry is None:
+        out.commands.append(command)
         return
-    inner = _after_options(name, args, wrapper, out)
-    if inner is None:
+    at = len(out.commands)
+    out.commands.append(replace(command, read_by=entry.describe()))
+    read = _options(entry, list(command.argv[1:]), out, depth)
+    if read is not None and entry.subcommands:
+        if not read.operands or read.operands[0] not in entry.subcommands:
+            return  # `poetry install`: no command to run
+        read = _options(entry, read.operands[1:], out, depth)
+    if read is not None:
+        # a wrapper that runs a command is looked through by allow rules, unless it changes who or where
+        out.commands[at] = replace(out.commands[at], transparent=entry.transparent and entry.runs != "")
+        _operands(entry, command, read, simple, out, depth)
+
+
+def _options(entry: Program, args: list[str | None], out: _Found, depth: int) -> _Options | None:
+    """Read a program's own options (the command lines and code in them); None when it runs nothing more
+    (`command -v`, an option of a wrapper known only at run time)."""
+    operands: list[str | None] = []
+    read = _Options(operands)
+    while args:
+        arg = args[0]
+        if arg is None:
+            if entry.runs and entry.operands == 0:
+                break  # the program itself: _simple says it is unknown
+            if entry.runs:
+                out.unresolved.append(f"an option of {entry.name} known only at run time")
+                return None
+            args.pop(0)
+            continue
+        if arg == "--":
+            args.pop(0)
+            break
+        if not arg.startswith("-") or arg == "-":
+            if entry.name == "env" and "=" in arg:  # env NAME=value COMMAND
+                name, _, value = arg.partition("=")
+                _assigned(name, value, out, depth)
+                args.pop(0)
+                continue
+            if not entry.options_anywhere:
+                break  # its options end at its first operand (a wrapper's command, a script's own options)
+            operands.append(args.pop(0))  # GNU programs read options after operands too (tar -cf x --to-command=)
+            continue
+        args.pop(0)
+        if entry.name == "env" and splits(arg):
+            rest = split_string(arg, args, out.unresolved)
+            return None if rest is None else _Options([*operands, *rest])
+        if stops(arg, entry):
+            return None
+        if not _option(entry, arg, args, read, out, depth):
+            break
+    operands.extend(args)
+    return read
+
+
+def _option(entry: Program, arg: str, args: list[str | None], read: _Options, out: _Found, depth: int) -> bool:
+    """One option, its value taken from `args`; False: what follows is another program's (`python3 -m`)."""
+    given = option_in(arg, entry.command_options, entry)
+    if given is not None:
+        value = given[1] if given[1] is not None else (args.pop(0) if args else None)
+        _command_line(entry, given[0], value, out, depth)
+        return True
+    given = option_in(arg, entry.code_options, entry)
+    if given is not None:
+        out.unresolved.append(f"{entry.name} {given[0]} runs code toolkeeper does not read")
+        read.code_file = True  # the code is given: no operand is code, nothing is read from the input
+        if given[1] is None and args:
+            args.pop(0)
+        return True
+    given = option_in(arg, entry.code_files, entry)
+    if given is not None:
+        read.code_file = True
+        if given[1] is None and args:
+            args.pop(0)
+        return True
+    if option_in(arg, entry.last_options, entry) is not None:
+        read.code_file = True  # the code is a module's: a file
+        return False
+    for _ in range(values_taken(arg, entry)):
+        if args:
+            args.pop(0)
+    return True
+
+
+def _command_line(entry: Program, option: str, value: str | None, out: _Found, depth: int) -> None:
+    """A command line given to an option (`rsync -e CMD`, `ssh -o ProxyCommand=CMD`, `git -c alias.x=!CMD`)."""
+    via = f"{entry.name} {option}"
+    if value is None:
+        out.unresolved.append(f"{via} gives a command known only at run time")
+    elif entry.name == "git":
+        _git_config(value, out, depth)
+    elif entry.name in ("ssh", "scp", "sftp"):
+        key, _, setting = value.replace("=", " ", 1).partition(" ")
+        if key.lower() in ("proxycommand", "localcommand", "remotecommand", "knownhostscommand"):
+            _script(setting.strip(), out, depth + 1, f"{entry.name} -o {key}")
+        elif option == "-S":
+            _script(value, out, depth + 1, via)
+    elif entry.name == "tar" and option == "--checkpoint-action":
+        if value.startswith("exec="):
+            _script(value[5:], out, depth + 1, via)
+    else:
+        _script(value, out, depth + 1, via)
+
+
+def _git_config(setting: str, out: _Found, depth: int) -> None:
+    """`git -c KEY=VALUE`: a key whose value git hands to a shell is read as a command line (an alias only when
+    it starts with `!`; any other alias is a git command)."""
+    key, _, value = setting.partition("=")
+    key = key.lower()
+    if not any(fnmatch.fnmatchcase(key, glob) for glob in catalogue().git_commands):
         return
-    if name == "flock" and inner[:1] in (["-c"], ["--command"]):  # flock FILE -c COMMAND: run by sh -c
-        _script_of_words(name, inner, wrapper, out, depth)
+    if key.startswith("alias."):
+        if value.startswith("!"):
+            _script(value[1:], out, depth + 1, f"git alias {key[6:]}")
+    elif key.startswith("credential") and not value.startswith(("!", "/")):
+        return  # a helper's name: git runs git-credential-NAME
+    elif key.startswith(("include", "protocol", "core.hookspath")):
+        out.unresolved.append(f"git -c {key} changes what git runs in a way toolkeeper does not read")
+    else:
+        _script(value.removeprefix("!"), out, depth + 1, f"git -c {key}")
+
+
+def _operands(entry: Program, command: Command, read: _Options, simple: SimpleCommand, out: _Found,
+              depth: int) -> None:
+    """What a catalogued program does with its operands: runs them as a command, as a command line, as code."""
+    operands, name = read.operands, entry.name
+    if entry.code_subcommands and operands and operands[0] in entry.code_subcommands:
+        out.unresolved.append(f"{name} {operands[0]} runs code toolkeeper does not read")
+    if entry.code_operand and not read.code_file and len(operands) >= entry.code_operand:
+        out.unresolved.append(f"{name} runs a program in another language, which toolkeeper does not read")
+    if entry.reads_code and not read.code_file and (not operands or operands[0] in STDIN_FILES) \
+            and (simple.fed or simple.stdin is not None):
+        out.unresolved.append(f"{name} reads code from its input, which toolkeeper does not read")
+    for operand in operands:
+        prefix = next((p for p in entry.command_prefixes if (operand or "").upper().startswith(p)), None)
+        if prefix is not None:
+            _script(operand[len(prefix):].split(",")[0], out, depth + 1, f"{name} {prefix}")  # type: ignore[index]
+    if "+" in entry.code_options and any(len(o or "") > 1 and (o or "").startswith("+") for o in operands):
+        out.unresolved.append(f"{name} +COMMAND runs code toolkeeper does not read")
+    inner = operands[entry.operands:]
+    given = option_in(inner[0] or "", entry.command_options, entry) if inner and entry.runs else None
+    if given is not None:  # `flock FILE -c CMD`, `sg GROUP -c CMD`: the option after the operands
+        _command_line(entry, given[0], given[1] if given[1] is not None else (inner[1] if len(inner) > 1 else None),
+                      out, depth)
+    elif entry.runs == "command":
+        _wrapped(entry, command, inner, simple, out, depth)
+    elif entry.runs == "words":
+        _words_run(entry, inner, out, depth)
+    elif entry.runs == "input" and not read.code_file:
+        _script_file("/dev/stdin", name, simple, out, depth)
+
+
+def _wrapped(entry: Program, command: Command, inner: list[str | None], simple: SimpleCommand, out: _Found,
+             depth: int) -> None:
+    """The command a wrapper runs, read as a command of its own."""
+    name = entry.name
+    if name == "parallel":
+        _parallel(inner, out, depth)
         return
     if name == "coproc" and len(inner) > 1 and inner[1] in ("{", "("):
         inner = inner[1:]  # coproc NAME { ...; }: the name is the coprocess's, not a program
     if name == "xargs" and not inner:
         inner = ["echo"]
+    if not inner:
+        return
     via = f"{command.via} {name}".strip()
-    nested = replace(simple, words=tuple(inner))
     before = len(out.commands)
-    _simple(nested, out, depth + 1, via)
+    _simple(replace(simple, words=tuple(inner), assignments=()), out, depth + 1, via)
     if name == "xargs":  # xargs appends what it reads: the command's arguments are not all known
-        for index in range(before, len(out.commands)):
-            found = out.commands[index]
-            out.commands[index] = replace(found, open_arguments=True)
+        out.commands[before:] = [replace(found, open_arguments=True) for found in out.commands[before:]]
 
 
-def _after_options(name: str, args: list[str | None], wrapper: Wrapper, out: _Found) -> list[str | None] | None:
-    """The command a wrapper runs: its arguments after its own options and operands; None: it runs none."""
-    operands = wrapper.operands
-    while args:
-        arg = args[0]
-        if arg is None:
-            if operands == 0:
-                break  # the program itself: _simple says it is unknown
-            out.unresolved.append(f"an option of {name} known only at run time")
-            return None
-        if arg == "--":
-            args.pop(0)
-            break
-        if name == "env" and "=" in arg and not arg.startswith("-"):
-            args.pop(0)
-        elif name == "env" and splits(arg):
-            args.pop(0)
-            return split_string(arg, args, out.unresolved)
-        elif arg.startswith("-") and len(arg) > 1 and operands == wrapper.operands:
-            if stops(arg, wrapper):
-                return None
-            args.pop(0)
-            if takes_value(arg, wrapper) and args:
-                args.pop(0)
-        elif operands > 0:
-            args.pop(0)
-            operands -= 1
-        else:
-            break
-    return args
-
-
-def _script_of_words(name: str, args: list[str | None], wrapper: Wrapper, out: _Found, depth: int) -> None:
-    """`watch CMD ARGS` and `flock FILE -c CMD`: the words joined and run by `sh -c`."""
-    # flock: the words after -c; watch: its words after its own options
-    words = args[1:2] if name == "flock" else _after_options(name, args, wrapper, out) or []
+def _words_run(entry: Program, words: list[str | None], out: _Found, depth: int) -> None:
+    """`watch CMD ARGS`, `ssh HOST CMD ARGS`, `sg GROUP CMD`: the words joined and run by a shell."""
     if any(word is None for word in words):
-        out.unresolved.append(f"{name} runs a command known only at run time")
+        out.unresolved.append(f"{entry.name} runs a command known only at run time")
     elif words:
-        _script(" ".join(word for word in words if word is not None), out, depth + 1, name)
+        _script(" ".join(word for word in words if word is not None), out, depth + 1, entry.name)
+
+
+def _parallel(words: list[str | None], out: _Found, depth: int) -> None:
+    """`parallel CMD ::: ARGS` runs CMD with each argument; `parallel ::: CMD...` runs each argument as a command
+    line; arguments from files (`::::`) or from the input are known only at run time."""
+    separators = [i for i, word in enumerate(words) if word in (":::", "::::", ":::+", "::::+")]
+    template = words[:separators[0]] if separators else words
+    if any(words[i] in ("::::", "::::+") for i in separators) or (not separators and not template):
+        out.unresolved.append("parallel runs commands read at run time")
+        return
+    if template:
+        _words_run(catalogue().program("parallel"), template, out, depth)  # type: ignore[arg-type]
+        out.commands[:] = [replace(c, open_arguments=True) if c.via.endswith("parallel") else c
+                           for c in out.commands]
+        return
+    for line in words[separators[0] + 1:]:
+        if line is None:
+            out.unresolved.append("parallel runs a command known only at run time")
+        elif line not in (":::", ":::+"):
+            _script(line, out, depth + 1, "parallel")
 
 
 def _su(command: Command, simple: SimpleCommand, out: _Found, depth: int) -> None:

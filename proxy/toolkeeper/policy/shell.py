@@ -37,6 +37,39 @@ ARITHMETIC = frozenset({"let", "test", "[", "read", "mapfile", "readarray", "pri
                         "declare", "typeset", "readonly", "unset", "shift", "return", "exit"})
 
 
+# How the walk reads each kind of named node tree-sitter-bash declares; a kind not here is not read, and the
+# command is unresolved (tests/test_command_rules.py holds this table to the grammar's own list).
+NODE_KINDS: dict[str, str] = {
+    # statements: each child read in turn (the commands in them are reported)
+    **dict.fromkeys(("program", "list", "pipeline", "subshell", "compound_statement", "if_statement",
+                     "elif_clause", "else_clause", "while_statement", "for_statement", "c_style_for_statement",
+                     "do_group", "case_statement", "case_item", "function_definition", "negated_command",
+                     "redirected_statement", "variable_assignments"), "statement"),
+    "command": "simple command", "command_name": "simple command",
+    "variable_assignment": "assignment", "declaration_command": "assignment", "unset_command": "assignment",
+    "test_command": "test",
+    # redirections and their parts
+    **dict.fromkeys(("file_redirect", "heredoc_redirect", "herestring_redirect", "heredoc_start",
+                     "heredoc_body", "heredoc_content", "heredoc_end", "file_descriptor"), "redirection"),
+    # words: read by literal(); what they cannot know is None (a value known only at run time)
+    **dict.fromkeys(("word", "string", "raw_string", "ansi_c_string", "translated_string", "concatenation",
+                     "string_content", "number", "simple_expansion", "expansion", "command_substitution",
+                     "process_substitution", "arithmetic_expansion", "brace_expression", "array",
+                     "extglob_pattern", "special_variable_name", "variable_name", "subscript", "regex"), "word"),
+    # expressions of tests and arithmetic: their words read for the substitutions in them
+    **dict.fromkeys(("binary_expression", "unary_expression", "ternary_expression", "postfix_expression",
+                     "parenthesized_expression", "test_operator"), "expression"),
+    "comment": "comment",
+}
+# The tokens bash's grammar writes as punctuation and keywords; each is read for what it is only when its text
+# is itself (tree-sitter hands `-rf$` to a `$` token in `rm -rf$"" /x`: such a token is not read).
+_PUNCTUATION = """! != " # ## $ $( $(( $[ $` ${ % %% %= & && &= &> &>> ( (( ) )) * ** **= *= + ++ += , ,, - -- -=
+    -a -o .. / /# /% // /= : :+ :- := :? ; ;& ;; ;;& < <& <&- <( << <<- <<< <<= <= = == =~ > >& >&- >( >= >> >>= >|
+    ? @ A E K L P Q U [ [[ ] ]] ^ ^= ^^ ` `` a case declare do done elif else esac export fi for function if in k
+    local readonly select then typeset u unset unsetenv until while { | |& |= || } ~"""
+TOKENS = frozenset(_PUNCTUATION.split())
+
+
 @dataclass(frozen=True)
 class SimpleCommand:
     words: tuple[str | None, ...]  # None: a word known only at run time (a variable, a substitution)
@@ -44,6 +77,8 @@ class SimpleCommand:
     stdin: str | None = None  # the script text a heredoc or herestring feeds it (None: none, or not known)
     fed: bool = False  # its input comes from a pipe, or a heredoc/herestring toolkeeper cannot read
     reads: tuple[str | None, ...] = ()  # files redirected to its input (`cat < ~/.ssh/id_rsa`)
+    assignments: tuple[tuple[str, str | None], ...] = ()  # `NAME=value` before it, or alone (no words)
+    descriptors: tuple[tuple[str, str | None], ...] = ()  # a heredoc on another descriptor: (3, its text)
 
 
 @dataclass(frozen=True)
@@ -84,44 +119,72 @@ class _Walk:
         self.problems: list[str] = []
 
     def visit(self, node: Node, context: _Context) -> None:
-        if node.type == "ERROR" or node.is_missing:
-            where = node.start_point
-            self.problems.append(f"bash cannot parse it (line {where[0] + 1}, column {where[1] + 1})")
-            return
-        if node.type == "command":
+        if not self._readable(node) or not node.is_named:
+            return  # not read (the problem is said), or punctuation
+        kind = node.type
+        if kind == "command":
             self._command(node, context)
-        elif node.type == "redirected_statement":
+        elif kind == "redirected_statement":
             self._redirected(node, context)
-        elif node.type == "pipeline":
-            for index, child in enumerate(node.named_children):
-                fed = context.fed if index == 0 else True
-                self.visit(child, _Context(context.writes, context.stdin if index == 0 else None, fed,
-                                           context.reads if index == 0 else ()))
-        elif node.type == "command_substitution" and _text(node).startswith("`") and "\\`" in _text(node):
+        elif kind == "pipeline":
+            self._pipeline(node, context)
+        elif kind == "command_substitution" and _text(node).startswith("`") and "\\`" in _text(node):
             inner = parse_script(re.sub(r"\\([`$\\])", r"\1", _text(node)[1:-1]))  # nested backticks: bash
             self.commands.extend(inner.commands)                                    # unescapes, then runs them
             self.problems.extend(inner.problems)
-        elif node.type in ("command_substitution", "process_substitution"):
+        elif kind in ("command_substitution", "process_substitution"):
+            # a command of its own: the outer one's redirections are not its; `>(sh)` reads what is written to it
+            fed = kind == "process_substitution" and _text(node).startswith(">(")
             for child in node.children:
-                self.visit(child, _Context())  # a command of its own: the outer one's redirections are not its
-        elif node.type in ("test_command", "declaration_command", "unset_command"):
-            self._arithmetic(node)
-            for child in node.children:
-                self.visit(child, context)
+                self.visit(child, _Context(fed=fed))
+        elif kind == "variable_assignment":
+            self.commands.append(SimpleCommand((), assignments=(self._assignment(node),)))
+        elif kind in ("declaration_command", "unset_command"):
+            self._declaration(node)
         else:
+            if kind == "test_command":
+                self._arithmetic(node)
             for child in node.children:
                 self.visit(child, context)
+
+    def _readable(self, node: Node) -> bool:
+        """Whether the walk reads this node; if not, the problem is said (the caller fails closed): a parse
+        error, a missing token, a kind of node or a token it does not know."""
+        line, column = node.start_point[0] + 1, node.start_point[1] + 1
+        if node.type == "ERROR" or node.is_missing:
+            self.problems.append(f"bash cannot parse it (line {line}, column {column})")
+        elif node.is_named and node.type not in NODE_KINDS:
+            self.problems.append(f"toolkeeper does not read bash's {node.type} (line {line}, column {column})")
+        elif not node.is_named and (node.type not in TOKENS or _text(node) != node.type):
+            self.problems.append(f"toolkeeper does not read the token {_text(node)!r} (line {line}, column {column})")
+        else:
+            return True
+        return False
+
+    def _pipeline(self, node: Node, context: _Context) -> None:
+        index = 0
+        for child in node.children:
+            if not child.is_named:
+                self._readable(child)
+                continue
+            fed = context.fed if index == 0 else True
+            self.visit(child, _Context(context.writes, context.stdin if index == 0 else None, fed,
+                                       context.reads if index == 0 else ()))
+            index += 1
 
     def _redirected(self, node: Node, context: _Context) -> None:
         writes, stdin, fed, reads = list(context.writes), context.stdin, context.fed, list(context.reads)
         body = node.child_by_field_name("body")
         extra: list[str | None] = []
+        descriptors: list[tuple[str, str | None]] = []
         for child in node.children:
-            if child == body:
+            if child == body or not self._readable(child) or not child.is_named:
                 continue
-            target, kind, words = self._redirect(child)
+            target, kind, words = self._redirect(child, descriptors)
             extra.extend(words)
             stdin, fed = _redirected(kind, target, writes, reads, stdin, fed)
+        if descriptors:
+            self.problems.append("a compound command reads a heredoc on another descriptor")
         if body is not None:
             self._redirect_into(body, context, _Context(tuple(writes), stdin, fed, tuple(reads)), extra)
 
@@ -145,12 +208,18 @@ class _Walk:
                 self.problems.append("words after a redirection of a compound command")
             self.visit(body, inner)
 
-    def _redirect(self, node: Node) -> tuple[str | None, str, list[str | None]]:
+    def _redirect(self, node: Node, descriptors: list[tuple[str, str | None]],
+                  descriptor: str | None = None) -> tuple[str | None, str, list[str | None]]:
         """(target, kind, words): a file written to (write), or the script text fed to stdin (script); and the
-        command's words that follow the target (`rm 2>/dev/null -rf /`: tree-sitter puts -rf and / here)."""
+        command's words that follow the target (`rm 2>/dev/null -rf /`: tree-sitter puts -rf and / here). A
+        heredoc or herestring on another descriptor than the input (`3<<EOF`) joins `descriptors`."""
         for child in node.children:
+            if not self._readable(child):
+                return None, "", []
             if child.type in _EXPANSIONS or child.type in ("string", "concatenation", "heredoc_body"):
                 self._nested(child)
+            if child.type == "file_descriptor":
+                descriptor = _text(child)
         if node.type == "file_redirect":
             operator = next((c.type for c in node.children if not c.is_named), "")
             destinations = node.children_by_field_name("destination")
@@ -163,17 +232,19 @@ class _Walk:
                     return None, "script", words  # input from a substitution or a variable: a shell's script unseen
                 return read, "read", words
             return None, "", words
+        text: str | None = ""
         if node.type == "herestring_redirect":
             target = node.named_children[-1] if node.named_children else None
-            return (literal(target) if target is not None else None), "script", []
-        if node.type == "heredoc_redirect":
+            text = literal(target) if target is not None else None
+        elif node.type == "heredoc_redirect":
             self._after_heredoc(node)
             body = next((c for c in node.named_children if c.type == "heredoc_body"), None)
-            if body is None:
-                return "", "script", []
-            known = not any(c.type in _EXPANSIONS for c in body.named_children)
-            return (_text(body) if known else None), "script", []
-        return None, "", []
+            known = body is None or not any(c.type in _EXPANSIONS for c in body.named_children)
+            text = (_text(body) if body is not None else "") if known else None
+        if descriptor not in (None, "0"):
+            descriptors.append((descriptor, text))  # type: ignore[arg-type]
+            return None, "", []
+        return text, "script", []
 
     def _after_heredoc(self, node: Node) -> None:
         """tree-sitter puts what follows `<<EOF` on its line (`| sh`, `&& rm ...`) inside the heredoc's node."""
@@ -188,23 +259,37 @@ class _Walk:
 
     def _nested(self, node: Node) -> None:
         """The commands inside a word (its substitutions), each a command of its own."""
+        if not self._readable(node):
+            return
         if node.type in ("command_substitution", "process_substitution"):
             self.visit(node, _Context())
             return
-        for child in node.named_children:
+        for child in node.children:
             self._nested(child)
 
     def _command(self, node: Node, context: _Context, extra: list[str | None] | None = None) -> None:
         words: list[str | None] = []
         last_end: int | None = None
         writes, stdin, fed, reads = list(context.writes), context.stdin, context.fed, list(context.reads)
-        for child in node.children:
+        assignments: list[tuple[str, str | None]] = []
+        descriptors: list[tuple[str, str | None]] = []
+        children = node.children
+        for index, child in enumerate(children):
+            following = children[index + 1] if index + 1 < len(children) else None
+            if child.type == "$" and _text(child) == "$" and following is not None \
+                    and following.type == "string" and following.start_byte == child.end_byte:
+                continue  # `$"..."`: a string bash translates; the string is the word
+            if not self._readable(child):
+                continue
             if child.type == "variable_assignment":
-                self._nested(child)
+                assignments.append(self._assignment(child))
             elif child.type in ("file_redirect", "herestring_redirect", "heredoc_redirect"):
-                target, kind, more = self._redirect(child)
+                descriptor = _descriptor_before(children, index)
+                target, kind, more = self._redirect(child, descriptors, descriptor)
                 words.extend(more)
                 stdin, fed = _redirected(kind, target, writes, reads, stdin, fed)
+            elif child.type == "number" and _descriptor_before(children, index + 1) is not None:
+                continue  # `exec 0<<< ...`: tree-sitter reads the descriptor as a word of its own
             elif child.is_named:
                 self._nested(child)
                 word = child.named_children[0] if child.type == "command_name" else child
@@ -219,7 +304,41 @@ class _Walk:
         words.extend(extra or ())
         if words and words[0] in ARITHMETIC:
             self._arithmetic(node)
-        self.commands.append(SimpleCommand(tuple(words), tuple(writes), stdin, fed, tuple(reads)))
+        self.commands.append(SimpleCommand(tuple(words), tuple(writes), stdin, fed, tuple(reads),
+                                           tuple(assignments), tuple(descriptors)))
+
+    def _assignment(self, node: Node) -> tuple[str, str | None]:
+        """`NAME=value` (or `NAME+=value`, `NAME[i]=value`): its name and value (None: known only at run time).
+        A value bash may later evaluate as arithmetic (`x='a[$(rm -rf /)]'; [[ $x -eq 1 ]]`) runs the command
+        substitution in its subscript: such a value is not read."""
+        self._nested(node)
+        name_node, value_node = node.child_by_field_name("name"), node.child_by_field_name("value")
+        name = _text(name_node) if name_node is not None else ""
+        value = literal(value_node) if value_node is not None else ""
+        if value is None or (value_node is not None and value_node.type == "array"):
+            self._arithmetic(node)
+            return name, None
+        if "[" in value and ("$(" in value or "`" in value):
+            self.problems.append(f"the value of {name} holds a command substitution bash may run as arithmetic")
+        return name, value
+
+    def _declaration(self, node: Node) -> None:
+        """`export`, `declare`, `local`, `readonly`, `typeset`, `unset`: the variables they set. A quoted
+        argument holding a substitution may be evaluated again (`declare -a 'a=( $(rm -rf /) )'`): not read."""
+        self._arithmetic(node)
+        assignments = []
+        for child in node.children:
+            if not self._readable(child) or not child.is_named:
+                continue
+            if child.type == "variable_assignment":
+                assignments.append(self._assignment(child))
+                continue
+            self._nested(child)
+            text = _text(child)
+            if child.type in ("string", "raw_string", "concatenation", "ansi_c_string") and (
+                    "$(" in text or "`" in text or "=(" in text):
+                self.problems.append(f"{_text(node).split()[0]} may evaluate a quoted argument again")
+        self.commands.append(SimpleCommand((), assignments=tuple(assignments)))
 
     def _arithmetic(self, node: Node) -> None:
         """Builtins that evaluate a word as arithmetic run the command substitutions in an array subscript, even
@@ -247,6 +366,16 @@ def _redirected(kind: str, target: str | None, writes: list[str | None], reads: 
     elif kind == "script":
         return target, target is None or fed
     return stdin, fed
+
+
+def _descriptor_before(children: list[Node], index: int) -> str | None:
+    """The descriptor a number right before a redirection names, with no space between (`0<<<`, `3<<EOF`)."""
+    if not 0 < index < len(children):
+        return None
+    number, redirect = children[index - 1], children[index]
+    if number.type == "number" and redirect.type.endswith("redirect") and number.end_byte == redirect.start_byte:
+        return _text(number)
+    return None
 
 
 def _text(node: Node) -> str:
