@@ -345,3 +345,23 @@ def test_inline_code_is_said_in_the_reason(deny_rm):
     assert "python3 -c runs code toolkeeper does not read" in decision.reason
     decision = on_bash(deny_rm[0], "awk 'BEGIN{system(\"x\")}'")
     assert "awk runs a program in another language" in decision.reason
+
+
+def test_policy_explain_shows_the_commands_read_the_catalogue_entries_and_what_was_not_read(tmp_path):
+    from conftest import run_cli
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"rules": [bash_rule(NO_RM_RF, RUNS_RM_RF)]}))
+    command = "sudo -u root timeout 5 git status && python3 -c 'import os' | ssh host ls"
+    run = run_cli("policy", "explain", "declared/example/agent.yaml", "Bash", f"command={command}",
+                  "--source", "agent", "--policy", str(rules))
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert '"sudo" "-u" "root" "timeout" "5" "git" "status"' in out
+    assert "read by the catalogue entry sudo: runs the command it is given" in out
+    assert '"git" "status"  (via sudo timeout)' in out
+    assert "read by the catalogue entry python3: takes code in another language" in out
+    assert '"ls"  (via ssh)' in out
+    assert "not read: python3 -c runs code toolkeeper does not read" in out
+    assert "so the command is unresolved" in out
+    assert "decision: deny (rule no-rm-rf" in out

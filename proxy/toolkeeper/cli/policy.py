@@ -209,8 +209,12 @@ def _print_commands(document: dict[str, Any]) -> None:
             writes = "".join(f" > {'<unknown>' if target is None else json.dumps(target)}"
                              for target in command.writes)
             print(f"  {words}{writes}" + (f"  (via {command.via})" if command.via else ""))
+            if command.read_by:
+                print(f"      read by the {command.read_by}")
         for why in found.unresolved:
-            print(f"  unresolved: {why}")
+            print(f"  not read: {why}")
+        if found.unresolved:
+            print("  so the command is unresolved: it matches every deny and ask rule with runs:, and no allow rule")
 
 
 def explain(args: argparse.Namespace) -> int:

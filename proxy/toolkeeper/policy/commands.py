@@ -26,6 +26,7 @@ from toolkeeper.policy.programs import (
     Program,
     catalogue,
     command_option,
+    known_flags,
     option_in,
     split_string,
     splits,
@@ -306,6 +307,7 @@ class _Options:
 
     operands: list[str | None]
     code_file: bool = False
+    unsure: str = ""  # the last option before the operands, which the catalogue does not say takes no value
 
 
 def _catalogued(command: Command, simple: SimpleCommand, out: _Found, depth: int) -> None:
@@ -361,6 +363,7 @@ def _options(entry: Program, args: list[str | None], out: _Found, depth: int) ->
             return None if rest is None else _Options([*operands, *rest])
         if stops(arg, entry):
             return None
+        read.unsure = ""
         if not _option(entry, arg, args, read, out, depth):
             break
     operands.extend(args)
@@ -390,9 +393,11 @@ def _option(entry: Program, arg: str, args: list[str | None], read: _Options, ou
     if option_in(arg, entry.last_options, entry) is not None:
         read.code_file = True  # the code is a module's: a file
         return False
-    for _ in range(values_taken(arg, entry)):
+    taken = values_taken(arg, entry)
+    for _ in range(taken):
         if args:
             args.pop(0)
+    read.unsure = arg if entry.runs and not taken and not known_flags(arg, entry) else ""
     return True
 
 
@@ -458,14 +463,18 @@ def _operands(entry: Program, command: Command, read: _Options, simple: SimpleCo
                       out, depth)
     elif entry.runs == "command":
         _wrapped(entry, command, inner, simple, out, depth)
+        if read.unsure and len(inner) > 1:  # `sudo -a TYPE rm`: if the option took a value, the command is later
+            _wrapped(entry, command, inner[1:], simple, out, depth, f"{name} {read.unsure} VALUE")
     elif entry.runs == "words":
         _words_run(entry, inner, out, depth)
+        if read.unsure and len(inner) > 1:
+            _words_run(entry, inner[1:], out, depth)
     elif entry.runs == "input" and not read.code_file:
         _script_file("/dev/stdin", name, simple, out, depth)
 
 
 def _wrapped(entry: Program, command: Command, inner: list[str | None], simple: SimpleCommand, out: _Found,
-             depth: int) -> None:
+             depth: int, how: str = "") -> None:
     """The command a wrapper runs, read as a command of its own."""
     name = entry.name
     if name == "parallel":
@@ -477,7 +486,7 @@ def _wrapped(entry: Program, command: Command, inner: list[str | None], simple: 
         inner = ["echo"]
     if not inner:
         return
-    via = f"{command.via} {name}".strip()
+    via = f"{command.via} {how or name}".strip()
     before = len(out.commands)
     _simple(replace(simple, words=tuple(inner), assignments=()), out, depth + 1, via)
     if name == "xargs":  # xargs appends what it reads: the command's arguments are not all known

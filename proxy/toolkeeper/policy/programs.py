@@ -29,6 +29,7 @@ class Program:
     name: str
     runs: str = ""  # command | words | "" (runs nothing it is given as a command)
     valued: dict[str, int] | None = None  # option -> how many values it takes
+    flags: frozenset[str] = frozenset()  # options that take none
     operands: int = 0
     changes_user: bool = False
     stops: frozenset[str] = frozenset()
@@ -108,7 +109,8 @@ def _entry(name: str, data: dict[str, Any]) -> Program:
     words = lambda key: frozenset((data.get(key) or "").split())  # noqa: E731 - one line per field below
     operand = data.get("code_operand", 0)
     return Program(
-        name=name, runs=data.get("runs", ""), valued=_options(data.get("valued")), operands=data.get("operands", 0),
+        name=name, runs=data.get("runs", ""), valued=_options(data.get("valued")), flags=words("flags"),
+        operands=data.get("operands", 0),
         changes_user=bool(data.get("changes_user")), stops=words("stops"), last_options=words("last_options"),
         subcommands=words("subcommands"), command_options=words("command_options"),
         code_options=words("code_options"), code_operand=1 if operand is True else int(operand),
@@ -182,6 +184,13 @@ def option_in(word: str, options: frozenset[str], entry: Program) -> tuple[str, 
         if f"-{letter}" in (entry.valued or {}):
             return None
     return None
+
+
+def known_flags(option: str, entry: Program) -> bool:
+    """Every option in the word is one the entry lists as taking no value (`-iE`, `--login`, `--log`)."""
+    if option.startswith("--"):
+        return "=" in option or long_match(option, entry.flags) is not None
+    return all(f"-{letter}" in entry.flags for letter in option[1:])
 
 
 def stops(option: str, entry: Program) -> bool:
