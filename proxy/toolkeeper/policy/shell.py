@@ -264,6 +264,11 @@ class _Walk:
         if node.type in ("command_substitution", "process_substitution"):
             self.visit(node, _Context())
             return
+        if node.is_named and (node.type == "command" or NODE_KINDS[node.type] == "statement"):
+            # a command where bash reads a word (`echo (rm -rf /x)`: fish's substitution, a syntax error to bash)
+            self.problems.append(f"a {node.type} where bash expects a word")
+            self.visit(node, _Context())
+            return
         for child in node.children:
             self._nested(child)
 
