@@ -342,7 +342,9 @@ def _options(entry: Program, args: list[str | None], out: _Found, depth: int) ->
             if entry.runs:
                 out.unresolved.append(f"an option of {entry.name} known only at run time")
                 return None
-            args.pop(0)
+            if not entry.options_anywhere:
+                break  # an operand known only at run time (`python3 <(curl ...)`)
+            operands.append(args.pop(0))
             continue
         if arg == "--":
             args.pop(0)
@@ -387,9 +389,15 @@ def _option(entry: Program, arg: str, args: list[str | None], read: _Options, ou
     given = option_in(arg, entry.code_files, entry)
     if given is not None:
         read.code_file = True
-        if given[1] is None and args:
-            args.pop(0)
+        path = given[1] if given[1] is not None else (args.pop(0) if args else None)
+        if path is None or path in STDIN_FILES or path.startswith(DESCRIPTOR_FILES):
+            out.unresolved.append(f"{entry.name} {given[0]} reads code toolkeeper cannot see")
         return True
+    given = option_in(arg, entry.command_after | entry.program_options, entry, exact=True)
+    if given is not None:
+        _command_given(entry, given, args, out, depth)
+        args.clear()
+        return False
     if option_in(arg, entry.last_options, entry) is not None:
         read.code_file = True  # the code is a module's: a file
         return False
@@ -401,11 +409,29 @@ def _option(entry: Program, arg: str, args: list[str | None], read: _Options, ou
     return True
 
 
+def _command_given(entry: Program, given: tuple[str, str | None], args: list[str | None], out: _Found,
+                   depth: int) -> None:
+    """`nix develop -c CMD ARGS`: the words after the option are a command; `start-stop-daemon --exec PROGRAM
+    ... -- ARGS`: the option's value is the program, and its arguments follow `--`."""
+    option, value = given
+    if option in entry.command_after:
+        words = ([value] if value is not None else []) + args
+    else:
+        program = value if value is not None else (args.pop(0) if args else None)
+        words = [program, *(args[args.index("--") + 1:] if "--" in args else [])]
+    if words:
+        _simple(SimpleCommand(tuple(words)), out, depth + 1, f"{entry.name} {option}")
+
+
 def _command_line(entry: Program, option: str, value: str | None, out: _Found, depth: int) -> None:
     """A command line given to an option (`rsync -e CMD`, `ssh -o ProxyCommand=CMD`, `git -c alias.x=!CMD`)."""
     via = f"{entry.name} {option}"
     if value is None:
         out.unresolved.append(f"{via} gives a command known only at run time")
+    elif entry.name == "git" and option == "--config-env":  # KEY=VARIABLE: the value is in the environment
+        key = value.partition("=")[0].lower()
+        if any(fnmatch.fnmatchcase(key, glob) for glob in catalogue().git_commands):
+            out.unresolved.append(f"git --config-env {key} takes a command from the environment")
     elif entry.name == "git":
         _git_config(value, out, depth)
     elif entry.name in ("ssh", "scp", "sftp"):
@@ -447,9 +473,11 @@ def _operands(entry: Program, command: Command, read: _Options, simple: SimpleCo
         out.unresolved.append(f"{name} {operands[0]} runs code toolkeeper does not read")
     if entry.code_operand and not read.code_file and len(operands) >= entry.code_operand:
         out.unresolved.append(f"{name} runs a program in another language, which toolkeeper does not read")
-    if entry.reads_code and not read.code_file and (not operands or operands[0] in STDIN_FILES) \
-            and (simple.fed or simple.stdin is not None):
-        out.unresolved.append(f"{name} reads code from its input, which toolkeeper does not read")
+    first = operands[0] if operands else ""
+    if entry.reads_code and not read.code_file and (
+            first is None or first.startswith(DESCRIPTOR_FILES)
+            or ((not operands or first in STDIN_FILES) and (simple.fed or simple.stdin is not None))):
+        out.unresolved.append(f"{name} reads code from its input or a substitution, which toolkeeper does not read")
     for operand in operands:
         prefix = next((p for p in entry.command_prefixes if (operand or "").upper().startswith(p)), None)
         if prefix is not None:
@@ -457,6 +485,11 @@ def _operands(entry: Program, command: Command, read: _Options, simple: SimpleCo
     if "+" in entry.code_options and any(len(o or "") > 1 and (o or "").startswith("+") for o in operands):
         out.unresolved.append(f"{name} +COMMAND runs code toolkeeper does not read")
     inner = operands[entry.operands:]
+    if entry.runs and entry.operands and inner and (inner[0] or "").startswith("-") and inner[0] != "--":
+        reread = _options(entry, inner, out, depth)  # `setarch x86_64 -R CMD`: options after its operands
+        if reread is None:
+            return
+        inner = reread.operands
     given = option_in(inner[0] or "", entry.command_options, entry) if inner and entry.runs else None
     if given is not None:  # `flock FILE -c CMD`, `sg GROUP -c CMD`: the option after the operands
         _command_line(entry, given[0], given[1] if given[1] is not None else (inner[1] if len(inner) > 1 else None),
@@ -471,6 +504,8 @@ def _operands(entry: Program, command: Command, read: _Options, simple: SimpleCo
             _words_run(entry, inner[1:], out, depth)
     elif entry.runs == "input" and not read.code_file:
         _script_file("/dev/stdin", name, simple, out, depth)
+    elif entry.runs == "bash":  # capsh -- -c CMD: what follows is bash's
+        _shell(Command(("bash", *operands), via=name), simple, out, depth)
 
 
 def _wrapped(entry: Program, command: Command, inner: list[str | None], simple: SimpleCommand, out: _Found,
@@ -484,6 +519,8 @@ def _wrapped(entry: Program, command: Command, inner: list[str | None], simple: 
         inner = inner[1:]  # coproc NAME { ...; }: the name is the coprocess's, not a program
     if name == "xargs" and not inner:
         inner = ["echo"]
+    if inner[:1] == ["--"]:  # `aws-vault exec PROFILE -- CMD`
+        inner = inner[1:]
     if not inner:
         return
     via = f"{command.via} {how or name}".strip()

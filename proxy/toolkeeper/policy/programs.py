@@ -39,6 +39,8 @@ class Program:
     code_options: frozenset[str] = frozenset()
     code_operand: int = 0
     code_files: frozenset[str] = frozenset()
+    command_after: frozenset[str] = frozenset()
+    program_options: frozenset[str] = frozenset()
     code_subcommands: frozenset[str] = frozenset()
     reads_code: bool = False
     command_prefixes: tuple[str, ...] = ()
@@ -58,6 +60,10 @@ class Program:
             parts.append("runs its words as a command line")
         elif self.runs == "input":
             parts.append("runs the commands on its input")
+        elif self.runs == "bash":
+            parts.append("hands its arguments to bash")
+        if self.command_after or self.program_options:
+            parts.append("runs a command given in " + " ".join(sorted(self.command_after | self.program_options)))
         if self.command_options:
             parts.append("command lines in " + " ".join(sorted(self.command_options)))
         if self.code_options or self.code_operand or self.code_subcommands or self.reads_code:
@@ -115,6 +121,7 @@ def _entry(name: str, data: dict[str, Any]) -> Program:
         subcommands=words("subcommands"), command_options=words("command_options"),
         code_options=words("code_options"), code_operand=1 if operand is True else int(operand),
         code_files=words("code_files"), code_subcommands=words("code_subcommands"),
+        command_after=words("command_after"), program_options=words("program_options"),
         reads_code=bool(data.get("reads_code")), command_prefixes=tuple((data.get("command_prefixes") or "").split()),
         options_anywhere=bool(data.get("options_anywhere")))
 
@@ -167,16 +174,18 @@ def values_taken(option: str, entry: Program) -> int:
     return 0
 
 
-def option_in(word: str, options: frozenset[str], entry: Program) -> tuple[str, str | None] | None:
+def option_in(word: str, options: frozenset[str], entry: Program, *,
+              exact: bool = False) -> tuple[str, str | None] | None:
     """(which of `options` the word is, its value when attached: `--eval=CODE`, `-cCODE`), or None. A group of
-    short options ending with one is it (`-qc`); a letter that takes a value of its own ends the group."""
+    short options ending with one is it (`-qc`); a letter that takes a value of its own ends the group. `exact`:
+    a long option only by its whole name (the entry does not list the options it could be the start of)."""
     if not word.startswith("-") or word in ("-", "--"):
         return None
     name, equals, attached = word.partition("=")
     if name in options:
         return name, attached if equals else None
     if word.startswith("--"):
-        match = long_match(name, options)
+        match = None if exact else long_match(name, options)  # a start of one is it, when all are listed
         return (match, attached if equals else None) if match else None
     for index, letter in enumerate(word[1:], start=2):
         if f"-{letter}" in options:
