@@ -14,8 +14,6 @@ closed. Wrappers (`sudo`, `bash -c`, `xargs`...) are unwrapped in commands.py.
 
 from __future__ import annotations
 
-import codecs
-import itertools
 import re
 import threading
 from dataclasses import dataclass
@@ -24,6 +22,8 @@ from functools import lru_cache
 import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
 
+from toolkeeper.policy.words import literal, text_of, words_of
+
 _BASH = Language(tree_sitter_bash.language())
 _PARSERS = threading.local()  # a parser is not for two threads at once (the console replays in a thread)
 
@@ -31,7 +31,6 @@ _PARSERS = threading.local()  # a parser is not for two threads at once (the con
 WRITING = {">", ">>", ">|", "&>", "&>>", "<>", ">&"}
 _EXPANSIONS = {"simple_expansion", "expansion", "command_substitution", "process_substitution",
                "arithmetic_expansion"}
-_HOME = ("$HOME", "${HOME}")
 # Builtins that evaluate some arguments as arithmetic (or run a callback): `[[` and `declare` are nodes of their own.
 ARITHMETIC = frozenset({"let", "test", "[", "read", "mapfile", "readarray", "printf", "export", "local",
                         "declare", "typeset", "readonly", "unset", "shift", "return", "exit"})
@@ -128,13 +127,13 @@ class _Walk:
             self._redirected(node, context)
         elif kind == "pipeline":
             self._pipeline(node, context)
-        elif kind == "command_substitution" and _text(node).startswith("`") and "\\`" in _text(node):
-            inner = parse_script(re.sub(r"\\([`$\\])", r"\1", _text(node)[1:-1]))  # nested backticks: bash
+        elif kind == "command_substitution" and text_of(node).startswith("`") and "\\`" in text_of(node):
+            inner = parse_script(re.sub(r"\\([`$\\])", r"\1", text_of(node)[1:-1]))  # nested backticks: bash
             self.commands.extend(inner.commands)                                    # unescapes, then runs them
             self.problems.extend(inner.problems)
         elif kind in ("command_substitution", "process_substitution"):
             # a command of its own: the outer one's redirections are not its; `>(sh)` reads what is written to it
-            fed = kind == "process_substitution" and _text(node).startswith(">(")
+            fed = kind == "process_substitution" and text_of(node).startswith(">(")
             for child in node.children:
                 self.visit(child, _Context(fed=fed))
         elif kind == "variable_assignment":
@@ -155,8 +154,8 @@ class _Walk:
             self.problems.append(f"bash cannot parse it (line {line}, column {column})")
         elif node.is_named and node.type not in NODE_KINDS:
             self.problems.append(f"toolkeeper does not read bash's {node.type} (line {line}, column {column})")
-        elif not node.is_named and (node.type not in TOKENS or _text(node) != node.type):
-            self.problems.append(f"toolkeeper does not read the token {_text(node)!r} (line {line}, column {column})")
+        elif not node.is_named and (node.type not in TOKENS or text_of(node) != node.type):
+            self.problems.append(f"toolkeeper does not read the token {text_of(node)!r} (line {line}, column {column})")
         else:
             return True
         return False
@@ -219,7 +218,7 @@ class _Walk:
             if child.type in _EXPANSIONS or child.type in ("string", "concatenation", "heredoc_body"):
                 self._nested(child)
             if child.type == "file_descriptor":
-                descriptor = _text(child)
+                descriptor = text_of(child)
         if node.type == "file_redirect":
             operator = next((c.type for c in node.children if not c.is_named), "")
             destinations = node.children_by_field_name("destination")
@@ -240,7 +239,7 @@ class _Walk:
             self._after_heredoc(node)
             body = next((c for c in node.named_children if c.type == "heredoc_body"), None)
             known = body is None or not any(c.type in _EXPANSIONS for c in body.named_children)
-            text = (_text(body) if body is not None else "") if known else None
+            text = (text_of(body) if body is not None else "") if known else None
         if descriptor not in (None, "0"):
             descriptors.append((descriptor, text))  # type: ignore[arg-type]
             return None, "", []
@@ -281,7 +280,7 @@ class _Walk:
         children = node.children
         for index, child in enumerate(children):
             following = children[index + 1] if index + 1 < len(children) else None
-            if child.type == "$" and _text(child) == "$" and following is not None \
+            if child.type == "$" and text_of(child) == "$" and following is not None \
                     and following.type == "string" and following.start_byte == child.end_byte:
                 continue  # `$"..."`: a string bash translates; the string is the word
             if not self._readable(child):
@@ -318,7 +317,7 @@ class _Walk:
         substitution in its subscript: such a value is not read."""
         self._nested(node)
         name_node, value_node = node.child_by_field_name("name"), node.child_by_field_name("value")
-        name = _text(name_node) if name_node is not None else ""
+        name = text_of(name_node) if name_node is not None else ""
         value = literal(value_node) if value_node is not None else ""
         if value is None or (value_node is not None and value_node.type == "array"):
             self._arithmetic(node)
@@ -339,10 +338,10 @@ class _Walk:
                 assignments.append(self._assignment(child))
                 continue
             self._nested(child)
-            text = _text(child)
+            text = text_of(child)
             if child.type in ("string", "raw_string", "concatenation", "ansi_c_string") and (
                     "$(" in text or "`" in text or "=(" in text):
-                self.problems.append(f"{_text(node).split()[0]} may evaluate a quoted argument again")
+                self.problems.append(f"{text_of(node).split()[0]} may evaluate a quoted argument again")
         self.commands.append(SimpleCommand((), assignments=tuple(assignments)))
 
     def _arithmetic(self, node: Node) -> None:
@@ -352,7 +351,7 @@ class _Walk:
         while stack:
             found = stack.pop()
             if found.type in ("word", "raw_string", "string", "concatenation"):
-                text = _text(found)
+                text = text_of(found)
                 if "[" in text and ("$(" in text or "`" in text):
                     self.problems.append("a word bash may evaluate as arithmetic holds a command substitution")
                     return
@@ -379,98 +378,7 @@ def _descriptor_before(children: list[Node], index: int) -> str | None:
         return None
     number, redirect = children[index - 1], children[index]
     if number.type == "number" and redirect.type.endswith("redirect") and number.end_byte == redirect.start_byte:
-        return _text(number)
+        return text_of(number)
     return None
 
 
-def _text(node: Node) -> str:
-    return node.text.decode("utf-8", "surrogatepass") if node.text is not None else ""
-
-
-def words_of(node: Node) -> list[str | None]:
-    """The words one argument becomes: one, or several when its braces expand; None for an unknowable one."""
-    raw = _text(node)
-    if node.type in ("word", "concatenation") and "{" in raw and re.search(r"\{[^{}]*(,|\.\.)[^{}]*\}", raw):
-        if re.search(r"[$`'\"\\]", raw):
-            return [None]  # braces beside quotes or expansions: not worth guessing, and never an allow
-        return [unescape(word) for word in expand_braces(raw)]
-    return [literal(node)]
-
-
-def literal(node: Node) -> str | None:
-    """The word bash would make of this node, when it is known before the command runs."""
-    kind, text = node.type, _text(node)
-    if kind == "word":
-        return unescape(text)
-    if kind == "number":
-        return text
-    if kind == "raw_string":
-        return text[1:-1]
-    if kind in ("string", "translated_string"):
-        return _double_quoted(node)
-    if kind == "ansi_c_string":
-        return _ansi_c(text[2:-1])
-    if kind == "concatenation":
-        parts = [literal(child) for child in node.named_children]
-        return None if any(part is None for part in parts) else "".join(parts)  # type: ignore[arg-type]
-    if kind in ("simple_expansion", "expansion") and text in _HOME:
-        return "~"  # the agent's home: paths.py reads it so
-    return None
-
-
-def _double_quoted(node: Node) -> str | None:
-    parts = []
-    for child in node.named_children:
-        if child.type == "string_content":
-            parts.append(re.sub(r'\\([$`"\\\n])', lambda m: "" if m.group(1) == "\n" else m.group(1), _text(child)))
-        elif child.type in ("simple_expansion", "expansion") and _text(child) in _HOME:
-            parts.append("~")
-        else:
-            return None
-    return "".join(parts)
-
-
-def unescape(text: str) -> str:
-    """An unquoted word's backslashes as bash removes them (a backslash-newline is nothing)."""
-    return re.sub(r"\\(.)", lambda m: "" if m.group(1) == "\n" else m.group(1), text, flags=re.DOTALL)
-
-
-def _ansi_c(body: str) -> str | None:
-    try:
-        return codecs.decode(body.replace("\\'", "'").encode("latin-1", "backslashreplace"), "unicode_escape")
-    except (UnicodeDecodeError, ValueError):
-        return None
-
-
-def expand_braces(text: str, limit: int = 256) -> list[str]:
-    """Bash's brace expansion of an unquoted word: `a{b,c}d` -> abd acd; `{1..3}` -> 1 2 3."""
-    match = _innermost_braces(text)
-    if match is None:
-        return [text]
-    start, end, choices = match
-    results: list[str] = []
-    for choice in choices:
-        results.extend(expand_braces(text[:start] + choice + text[end:], limit))
-        if len(results) > limit:
-            break
-    return results[:limit]
-
-
-def _innermost_braces(text: str) -> tuple[int, int, list[str]] | None:
-    for match in re.finditer(r"\{([^{}]*)\}", text):
-        inner = match.group(1)
-        if "," in inner:
-            return match.start(), match.end(), inner.split(",")
-        sequence = re.fullmatch(r"(-?\d+|[a-zA-Z])\.\.(-?\d+|[a-zA-Z])", inner)
-        if sequence:
-            return match.start(), match.end(), _sequence(*sequence.groups())
-    return None
-
-
-def _sequence(first: str, last: str) -> list[str]:
-    if first.lstrip("-").isdigit() and last.lstrip("-").isdigit():
-        low, high = int(first), int(last)
-        step = 1 if high >= low else -1
-        return [str(n) for n in itertools.islice(range(low, high + step, step), 256)]  # never the whole range
-    step = 1 if ord(last) >= ord(first) else -1
-    return [chr(n) for n in range(ord(first), ord(last) + step, step)]
