@@ -360,7 +360,7 @@ def test_policy_explain_shows_the_commands_read_the_catalogue_entries_and_what_w
     assert '"sudo" "-u" "root" "timeout" "5" "git" "status"' in out
     assert "read by the catalogue entry sudo: runs the command it is given" in out
     assert '"git" "status"  (via sudo timeout)' in out
-    assert "read by the catalogue entry python3: takes code in another language" in out
+    assert "read by the catalogue entry python3: code in another language in -c; code in another language on its input" in out
     assert '"ls"  (via ssh)' in out
     assert "not read: python3 -c runs code toolkeeper does not read" in out
     assert "so the command is unresolved" in out

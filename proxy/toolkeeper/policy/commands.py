@@ -81,7 +81,8 @@ def _after(simple: SimpleCommand, out: Found) -> None:
         out.cdpath = True
     if words and words[0] in ("cd", "pushd"):  # where the commands after it run (in a subshell or not)
         target = next((w for w in words[1:] if w is None or not w.startswith("-")), "~")
-        relative = target is not None and not target.startswith(("/", "~", "."))
+        # CDPATH is searched for a relative folder, unless its first part is . or .. (POSIX cd, step 5)
+        relative = target is not None and not target.startswith(("/", "~", "./", "../")) and target not in (".", "..")
         if relative and (out.cdpath or any(name == "CDPATH" for name, _ in simple.assignments)):
             target = None  # `CDPATH=~ cd .aws`: searched for in CDPATH's folders
         out.moved = (*out.moved, target)

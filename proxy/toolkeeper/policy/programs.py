@@ -52,22 +52,20 @@ class Program:
         return not self.changes_user
 
     def describe(self) -> str:
-        """What the entry made of the command, for `policy explain`."""
-        parts = []
-        if self.runs == "command":
-            parts.append("runs the command it is given")
-        elif self.runs == "words":
-            parts.append("runs its words as a command line")
-        elif self.runs == "input":
-            parts.append("runs the commands on its input")
-        elif self.runs == "bash":
-            parts.append("hands its arguments to bash")
+        """What the entry knows of the program, for `policy explain`: `sudo: runs the command it is given`."""
+        runs = {"command": "runs the command it is given", "words": "runs its words as a command line",
+                "input": "runs the commands on its input", "bash": "hands its arguments to bash"}
+        parts = [runs[self.runs]] if self.runs in runs else []
         if self.command_after or self.program_options:
             parts.append("runs a command given in " + " ".join(sorted(self.command_after | self.program_options)))
         if self.command_options:
             parts.append("command lines in " + " ".join(sorted(self.command_options)))
-        if self.code_options or self.code_operand or self.code_subcommands or self.reads_code:
-            parts.append("takes code in another language")
+        if self.code_options or self.code_subcommands:
+            parts.append("code in another language in " + " ".join(sorted(self.code_options | self.code_subcommands)))
+        if self.code_operand:
+            parts.append(f"code in another language as operand {self.code_operand}")
+        if self.reads_code:
+            parts.append("code in another language on its input")
         return f"catalogue entry {self.name}: " + ("; ".join(parts) or "known")
 
 
