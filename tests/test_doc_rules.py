@@ -24,6 +24,8 @@ from test_docs import BLOCK, blocks, stop_group
 from toolkeeper.policy import load_rules
 
 RULE_PAGES = ["docs/how-to/govern-the-agents-own-tools.md", "docs/how-to/security-team.md"]
+# pages that show shipped rules among examples that are meant to fail (a regular expression's evasions)
+COPYING_PAGES = [*RULE_PAGES, "docs/how-to/write-rules-for-shell-and-file-tools.md"]
 SYNTAX_PAGE = "docs/reference/policy-rules.md"
 SHIPPED = ROOT / "policies" / "coding-agents.yaml"
 NAMED_FILE = re.compile(r"#\s*([\w./-]+\.yaml)")
@@ -70,8 +72,9 @@ def run_scenarios(path: Path) -> str:
 Scenario = tuple[dict, dict, str]
 
 
-def agent(tool: str, arguments: dict, expect: str, kind: str = "function") -> Scenario:
-    return {"tool": tool, "source": "agent", "kind": kind, "arguments": arguments}, {}, expect
+def agent(tool: str, arguments: dict, expect: str, kind: str = "function", workdir: str | None = None) -> Scenario:
+    return {"tool": tool, "source": "agent", "kind": kind, "arguments": arguments}, \
+        ({"workdir": workdir} if workdir else {}), expect
 
 
 def patch(path: str, verb: str = "Update File") -> str:
@@ -92,10 +95,21 @@ DELETES_EVERYTHING = [  # each way of writing it that the rules must catch
     "rm \t -rf  \t /", 'rm -rf "${HOME}"', "rm -rf '/'", "rm build / -rf", "\\rm -rf ~/", "x=$(rm -rf /)",
 ]
 DELETES_SOMETHING = [  # near misses that must pass
-    "rm -r build/", "rm -rf build", "rm -rf /tmp/build ~/project/dist", "rm -f notes.txt", "ls -rf /",
+    "rm -r build/", "rm -rf build", "rm -rf /tmp/build /var/tmp/cache", "rm -f notes.txt", "ls -rf /",
     "farm -rf /", "rm -rf node_modules && ls /", "grep -rn 'rm -rf' docs/",
 ]
+DELETES_OUTSIDE = [  # (command, working directory): recursive deletes out of the project
+    ("rm -rf ../..", "/home/me/proj"), ("rm -rf ../other", "/home/me/proj"), ("find .. -delete", "/home/me/src/p"),
+    ("rm -r /srv/data", "/home/me/proj"), ("cd /srv && rm -rf data", "/home/me/proj"),
+    ("rm -rf ~/project/dist", None), ("sudo rm -rf /opt/app", None), ("rm -rf $HOME/other", "/home/me/proj"),
+]
+DELETES_INSIDE = [
+    ("rm -rf build", None), ("rm -rf ./dist node_modules", None), ("rm -rf build 2>/dev/null", "/home/me/proj"),
+    ("rm -rf /home/me/proj/dist", "/home/me/proj"), ("rm -rf /tmp/build /var/tmp/x", None),
+    ("find . -name '*.o' -delete", "/home/me/proj"), ("rm -f ../notes.txt", "/home/me/proj"),
+]
 SYSTEM_PATHS = ["/etc/hosts", "//etc/hosts", "/./etc/sudoers", "/home/me/../../usr/bin/ls", "/boot/grub/grub.cfg"]
+MORE_SYSTEM_PATHS = [*SYSTEM_PATHS, "/sbin/init", "/lib/systemd/x.service", "/private/etc/hosts", "/Library/x.plist"]
 PROJECT_PATHS = ["/home/me/project/etc/app.conf", "/home/me/project/src/main.py", "/tmp/etc-notes.md"]
 PATCHED_NEVER = ["/etc/hosts", "//etc/hosts", "../../../../../../etc/passwd", ".env", "app/.env",
                  "/home/me/.ssh/authorized_keys", "/home/me/.aws/credentials"]
@@ -107,21 +121,31 @@ NOT_PUSHES = ["git status", "git stash push", "git log --grep push", "echo pushe
 SCENARIOS: dict[str, list[Scenario]] = {
     "agent-delete-everything-never": [
         agent(tool, {"command": command}, "deny") for tool in ("Bash", "shell_command") for command in DELETES_EVERYTHING
-    ] + [agent("Bash", {"command": command}, "allow") for command in DELETES_SOMETHING],
-    "codex-delete-everything-never": [agent("exec_command", {"cmd": command}, "deny") for command in DELETES_EVERYTHING]
+    ] + [agent("exec_command", {"cmd": command}, "deny") for command in DELETES_EVERYTHING]
+    + [agent("Bash", {"command": command}, "allow") for command in DELETES_SOMETHING]
     + [agent("exec_command", {"cmd": command}, "allow") for command in DELETES_SOMETHING],
+    "agent-delete-outside-project-never": [
+        agent(tool, {name: command}, "deny", workdir=workdir)
+        for tool, name in (("Bash", "command"), ("exec_command", "cmd")) for command, workdir in DELETES_OUTSIDE
+    ] + [agent("local_shell", {"action": {"command": ["rm", "-rf", "../x"]}}, "deny", "local_shell_call", "/home/a/p")]
+    + [agent("Bash", {"command": command}, "allow", workdir=workdir) for command, workdir in DELETES_INSIDE],
     "builtin-shell-delete-everything-never": [
         agent("shell", {"action": {"commands": ["ls", command]}}, "deny", "shell_call") for command in DELETES_EVERYTHING
     ] + [agent("shell", {"action": {"commands": [command]}}, "allow", "shell_call") for command in DELETES_SOMETHING],
     "agent-file-system-files-never": [
-        agent(tool, {"file_path": path}, "deny") for tool in ("Edit", "Write", "MultiEdit") for path in SYSTEM_PATHS
-    ] + [agent("Edit", {"file_path": path}, "allow") for path in PROJECT_PATHS]
+        agent(tool, {"file_path": path}, "deny") for tool in ("Edit", "Write", "MultiEdit") for path in MORE_SYSTEM_PATHS
+    ] + [agent("NotebookEdit", {"notebook_path": path}, "deny") for path in MORE_SYSTEM_PATHS]
+    + [agent("Edit", {"file_path": path}, "allow") for path in PROJECT_PATHS]
+    + [agent("NotebookEdit", {"notebook_path": path}, "allow") for path in PROJECT_PATHS]
     + [agent("Read", {"file_path": "/etc/hosts"}, "allow")],
     "codex-patch-credentials-and-system-files-never": [
         agent("apply_patch", {"input": patch(path)}, "deny", "custom_tool_call") for path in PATCHED_NEVER
-    ] + [agent("apply_patch", {"input": patch("/etc/cron.d/job", "Add File")}, "deny"),
-         agent("apply_patch", {"input": patch("old.sh") + "*** Move to: /usr/local/bin/x\n"}, "deny")]
-    + [agent("apply_patch", {"input": patch(path)}, "allow", "custom_tool_call") for path in PATCHED_FINE],
+    ] + [agent("apply_patch", {"command": patch(path)}, "deny", workdir="/home/me/p") for path in PATCHED_NEVER]
+    + [agent("apply_patch", {"input": patch("/etc/cron.d/job", "Add File")}, "deny"),
+       agent("apply_patch", {"input": patch("old.sh") + "*** Move to: /usr/local/bin/x\n"}, "deny"),
+       agent("exec_command", {"cmd": f"apply_patch <<'EOF'\n{patch('/etc/hosts')}EOF"}, "deny")]
+    + [agent("apply_patch", {"input": patch(path)}, "allow", "custom_tool_call") for path in PATCHED_FINE]
+    + [agent("apply_patch", {"command": patch(path)}, "allow", workdir="/home/me/p") for path in PATCHED_FINE],
     "builtin-patch-credentials-and-system-files-never": [
         agent("apply_patch", {"operation": {"type": "update_file", "path": path, "diff": "+x"}}, "deny",
               "apply_patch_call") for path in [*SYSTEM_PATHS, "/home/me/.ssh/config", "~/.aws/credentials"]
@@ -194,7 +218,7 @@ def test_the_pages_own_scenarios_pass_against_their_rules(tmp_path, page):
 def test_a_doc_rule_named_as_a_shipped_one_is_that_rule_exactly():
     shipped = {rule["id"]: rule for rule in yaml.safe_load(SHIPPED.read_text())["rules"]}
     copied = 0
-    for page, _, body in rule_blocks():
+    for page, body in ((page, body) for page in COPYING_PAGES for body in marked(page, "rules")):
         for rule in yaml.safe_load(body)["rules"]:
             if rule["id"] in shipped:
                 assert rule == shipped[rule["id"]], f"{page}: {rule['id']} differs from policies/coding-agents.yaml"

@@ -10,36 +10,17 @@ matches a deny or an ask and never an allow. Each such case is noted in the
 from __future__ import annotations
 
 import fnmatch
-import posixpath
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from toolkeeper.common import Strict, regex
-from toolkeeper.policy import paths
+from toolkeeper.policy import globs, paths
 from toolkeeper.policy.commands import Command, Resolution, commands_of_argv, commands_of_script
-
-# Long options that are a short flag by another name, per program: `rm --recursive --force` is `rm -rf`.
-LONG_FLAGS: dict[str, dict[str, str]] = {
-    "rm": {"recursive": "r", "force": "f", "dir": "d", "verbose": "v", "interactive": "i", "R": "r"},
-    "cp": {"recursive": "r", "force": "f", "R": "r", "archive": "a"},
-    "chmod": {"recursive": "R"}, "chown": {"recursive": "R"}, "chgrp": {"recursive": "R"},
-    "git": {"force": "f", "hard": "hard"}, "mv": {"force": "f"}, "ln": {"force": "f", "symbolic": "s"},
-}
-# Every long option, for the programs that take any unambiguous start of one (GNU's getopt_long): --recur --forc.
-LONG_OPTIONS: dict[str, tuple[str, ...]] = {
-    "rm": ("force", "interactive", "one-file-system", "no-preserve-root", "preserve-root", "recursive", "dir",
-           "verbose", "help", "version"),
-}
-# Options a program takes before its subcommand, skipped when a prefix is compared (`git -C x push` is git push).
-GLOBAL_OPTIONS: dict[str, frozenset[str]] = {
-    "git": frozenset({"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path", "--config-env"}),
-    "kubectl": frozenset({"-n", "--namespace", "--context", "--kubeconfig", "-s", "--server", "--cluster", "--user"}),
-    "docker": frozenset({"-H", "--host", "--context", "-c", "--config", "-l", "--log-level"}),
-    "npm": frozenset({"--prefix", "-w", "--workspace"}),
-}
+from toolkeeper.policy.flags import all_of, has_flags, starts
 
 
 @dataclass
@@ -57,10 +38,12 @@ class RunsTest(Strict):
     program: str | tuple[str, ...] | None = None  # its base name, any of
     flags: tuple[str, ...] | None = None  # every one of these short flags, however written
     prefix: tuple[str, ...] | tuple[tuple[str, ...], ...] | None = None  # its argv starts so (any of)
+    arguments: tuple[str, ...] | None = None  # one of its arguments matches one of these globs (+*, --force*)
     writes_under: tuple[str, ...] | None = None  # it redirects output under one of these
     under: tuple[str, ...] | None = None  # a path it names (an argument, a redirection) is under one of these
+    not_under: tuple[str, ...] | None = None  # a path it names is under none of these (`.`: the working directory)
     targets: tuple[str, ...] | None = None  # a path it names is one of these itself (or `/*` over one)
-    names: tuple[str, ...] | None = None  # a path it names has a base name one of these globs matches (.env, id_*)
+    names: tuple[str, ...] | None = None  # a path it names has a base name one of these globs may match (.env, id_*)
 
     @field_validator("flags")
     @classmethod
@@ -70,7 +53,7 @@ class RunsTest(Strict):
                 raise ValueError(f"flags are single letters (r, f); {flag!r} is not one")
         return tuple(flag.lstrip("-") for flag in value) if value else value
 
-    @field_validator("writes_under", "under", "targets", mode="before")
+    @field_validator("writes_under", "under", "not_under", "targets", mode="before")
     @classmethod
     def _folders(cls, value: Any) -> Any:
         return _folders(value)
@@ -78,7 +61,8 @@ class RunsTest(Strict):
     @model_validator(mode="after")
     def _something(self) -> RunsTest:
         if not self.model_fields_set:
-            raise ValueError("runs needs at least one of program, flags, prefix, writes_under, under, targets, names")
+            raise ValueError("runs needs at least one of program, flags, prefix, arguments, writes_under, under, "
+                             "not_under, targets, names")
         return self
 
     @property
@@ -89,28 +73,66 @@ class RunsTest(Strict):
 
     def verdict(self, command: Command, workdir: str | None) -> paths.Answer:
         """True, False, or None when it depends on what is known only at run time."""
-        answers = []
+        return all_of([*self._word_answers(command), *self._path_answers(command, workdir)])
+
+    def _word_answers(self, command: Command) -> list[paths.Answer]:
+        answers: list[paths.Answer] = []
         if self.program is not None:
             programs = (self.program,) if isinstance(self.program, str) else self.program
             answers.append(command.program in {p.rsplit("/", 1)[-1] for p in programs})
         if self.prefixes:
-            answers.append(paths.any_of(_starts(command, prefix) for prefix in self.prefixes))
+            answers.append(paths.any_of(starts(command, prefix) for prefix in self.prefixes))
         if self.flags:
-            answers.append(_has_flags(command, self.flags))
+            answers.append(has_flags(command, self.flags))
+        if self.arguments is not None:
+            answers.append(_some_argument(command, self.arguments))
+        return answers
+
+    def _path_answers(self, command: Command, workdir: str | None) -> list[paths.Answer]:
+        """Each path test, over the paths the command names, each as from every folder it may be read from."""
+        answers = []
         if self.writes_under is not None:
-            answers.append(paths.of_command(command, command.writes, workdir, lambda path, where: paths.under(
-                path, self.writes_under or (), where), closed=False))
+            folders = self.writes_under
+            answers.append(paths.of_command(command, list(command.writes), workdir,
+                                            lambda path: paths.under(path, folders, workdir), closed=False))
         named = [*paths.named_in(command), *command.writes, *command.reads]
-        if self.under is not None:
-            answers.append(paths.of_command(command, named, workdir, lambda path, where: paths.under(
-                path, self.under or (), where)))
-        if self.targets is not None:
-            answers.append(paths.of_command(command, named, workdir, lambda path, where: paths.one_of(
-                path, self.targets or (), where)))
-        if self.names is not None:
-            answers.append(paths.of_command(command, named, workdir, lambda path, _: None if path is None else any(
-                fnmatch.fnmatchcase(posixpath.basename(path.rstrip("/")), glob) for glob in self.names or ())))
-        return _all(answers)
+        for test in self._path_tests(workdir):
+            answers.append(paths.of_command(command, named, workdir, test))
+        return answers
+
+    def _path_tests(self, workdir: str | None) -> list[PathTest]:
+        return _path_tests(workdir, self.under, self.not_under, self.names, self.targets)
+
+
+PathTest = Callable[[str | None], paths.Answer]
+
+
+def _path_tests(workdir: str | None, under: tuple[str, ...] | None, not_under: tuple[str, ...] | None,
+                names: tuple[str, ...] | None, targets: tuple[str, ...] | None = None) -> list[PathTest]:
+    """The tests of one path that a test's keys ask for, each with the working directory `.` stands for."""
+    tests: list[PathTest] = []
+    if under is not None:
+        tests.append(lambda path: paths.under(path, under, workdir))
+    if not_under is not None:
+        tests.append(lambda path: _negated(paths.under(path, not_under, workdir)))
+    if targets is not None:
+        tests.append(lambda path: paths.one_of(path, targets, workdir))
+    if names is not None:
+        tests.append(lambda path: paths.name_matches(path, names))
+    return tests
+
+
+def _negated(answer: paths.Answer) -> paths.Answer:
+    return None if answer is None else not answer
+
+
+def _some_argument(command: Command, patterns: tuple[str, ...]) -> paths.Answer:
+    """One of the command's arguments (as bash makes them) matches one of the globs; one known only at run
+    time (a variable, what xargs adds) may."""
+    answers: list[paths.Answer] = [None] if command.open_arguments else []
+    for word in command.argv[1:]:
+        answers.append(None if word is None else any(fnmatch.fnmatchcase(word, glob) for glob in patterns))
+    return paths.any_of(answers)
 
 
 def _resolution(value: Any, kind: str) -> Resolution | None:
@@ -160,15 +182,25 @@ def runs_hold(tests: Runs, value: Any, restricts: bool, scope: Scope) -> bool:
                for command in resolution.commands]
     if restricts:
         if any(answer is None for _, answer in answers) and not any(answer for _, answer in answers):
-            scope.notes.append("part of the command is known only at run time (a variable, or a relative path "
-                               "where the working directory is not known), so it counts as matching")
+            scope.notes.append("part of the command is known only at run time (a variable, a pattern the shell "
+                               "expands, or where a path lies while the working directory is not known), so it "
+                               "counts as matching")
         return any(answer is not False for _, answer in answers)
     decisive = [answer for command, answer in answers if not command.transparent]
     return bool(decisive) and all(answer is True for answer in decisive)
 
 
+class Alternatives(tuple):  # type: ignore[type-arg]
+    """The values of the arguments `a|b` names that the call has: a test holds on one of them for a rule that
+    restricts (deny, ask), on every one for an allow."""
+
+
 def dotted(arguments: Any, path: str) -> tuple[bool, Any]:
-    """A value by its dotted path (`input.path`): (present, value)."""
+    """A value by its dotted path (`input.path`): (present, value); `a|b` names either argument (a value that
+    is Alternatives, when any is present)."""
+    if "|" in path:
+        found = [value for present, value in (dotted(arguments, one) for one in path.split("|")) if present]
+        return bool(found), Alternatives(found) if found else None
     value = arguments
     for part in path.split("."):
         if not isinstance(value, dict) or part not in value:
@@ -198,62 +230,6 @@ def commands_in(document: dict[str, Any]) -> list[tuple[str, Resolution]]:
     return found
 
 
-def _all(answers: list[paths.Answer]) -> paths.Answer:
-    return False if any(a is False for a in answers) else (None if any(a is None for a in answers) else True)
-
-
-def _starts(command: Command, prefix: tuple[str, ...]) -> paths.Answer:
-    if not command.argv or command.program != prefix[0].rsplit("/", 1)[-1]:
-        return False
-    direct = _words_start(command.argv[1:], prefix[1:])
-    if direct is not False or command.program not in GLOBAL_OPTIONS:
-        return direct
-    return _words_start(_after_global_options(command.argv[1:], GLOBAL_OPTIONS[command.program]), prefix[1:])
-
-
-def _words_start(words: tuple[str | None, ...] | list[str | None], prefix: tuple[str, ...]) -> paths.Answer:
-    if len(words) < len(prefix):
-        return False
-    return _all([None if word is None else word == wanted for word, wanted in zip(words, prefix, strict=False)])
-
-
-def _after_global_options(words: tuple[str | None, ...], valued: frozenset[str]) -> list[str | None]:
-    rest = list(words)
-    while rest and rest[0] is not None and rest[0].startswith("-"):
-        option = rest.pop(0)
-        if option in valued and rest:
-            rest.pop(0)
-    return rest
-
-
-def _has_flags(command: Command, wanted: tuple[str, ...]) -> paths.Answer:
-    """Every wanted short flag among the arguments before `--` (GNU tools read options after operands too)."""
-    aliases = LONG_FLAGS.get(command.program or "", {})
-    found: set[str] = set()
-    unknown = command.open_arguments
-    for word in command.argv[1:]:
-        if word is None:
-            unknown = True
-        elif word == "--":
-            break
-        elif word.startswith("--"):
-            found.add(aliases.get(_long_option(command.program or "", word[2:].split("=")[0]), ""))
-        elif word.startswith("-") and len(word) > 1:
-            found.update(aliases.get(letter, letter) for letter in word[1:])
-    if all(flag in found for flag in wanted):
-        return True
-    return None if unknown else False
-
-
-def _long_option(program: str, given: str) -> str:
-    """The long option `--given` names: itself, or the one option it is the start of (GNU tools take those)."""
-    known = LONG_OPTIONS.get(program, ())
-    if given in known or not known:
-        return given
-    starting = [option for option in known if option.startswith(given)]
-    return starting[0] if len(starting) == 1 else given
-
-
 class ValueTest(Strict):
     """Tests on one value; all given must hold."""
 
@@ -266,6 +242,7 @@ class ValueTest(Strict):
     present: bool | None = None
     under: tuple[str, ...] | None = None  # a path (or paths) under one of these folders
     not_under: tuple[str, ...] | None = None  # a path (or paths) under none of these folders
+    names: tuple[str, ...] | None = None  # a path (or paths) whose base name one of these globs may match
     runs: Runs | None = None  # a command line or an argv that runs a matching command
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -287,10 +264,17 @@ class ValueTest(Strict):
 
     def holds(self, value: Any, present: bool, *, restricts: bool = False, scope: Scope | None = None) -> bool:
         scope = scope or Scope()
+        if isinstance(value, Alternatives):  # `a|b`: each argument of those the call has, on its own
+            found = [self.holds(one, True, restricts=restricts, scope=scope) for one in value]
+            return any(found) if restricts else all(found)
         if self.present is not None and self.present != present:
             return False
         if not present:
             return self.present is False
+        return self._values_hold(value, restricts) and self._paths_hold(value, restricts, scope) and (
+            self.runs is None or runs_hold(self.runs, value, restricts, scope))
+
+    def _values_hold(self, value: Any, restricts: bool) -> bool:
         fields = self.model_fields_set
         if "equals" in fields and value != self.equals:
             return False
@@ -303,13 +287,11 @@ class ValueTest(Strict):
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         if self.above is not None and not (numeric and value > self.above):
             return False
-        if self.below is not None and not (numeric and value < self.below):
-            return False
-        if self.under is not None and not self._under(value, self.under, restricts, scope):
-            return False
-        if self.not_under is not None and not self._under(value, self.not_under, restricts, scope, negate=True):
-            return False
-        return self.runs is None or runs_hold(self.runs, value, restricts, scope)
+        return self.below is None or (numeric and value < self.below)
+
+    def _paths_hold(self, value: Any, restricts: bool, scope: Scope) -> bool:
+        tests = _path_tests(scope.workdir, self.under, self.not_under, self.names)
+        return all(_each_path(value, test, restricts, scope) for test in tests)
 
     def _found(self, value: Any, restricts: bool) -> bool:
         """The pattern in a string; in a list of strings (a built-in call's commands, an argv), in any entry for a
@@ -319,22 +301,24 @@ class ValueTest(Strict):
             return any(found) if restricts else all(found)
         return isinstance(value, str) and re.search(self.matches or "", value) is not None
 
-    @staticmethod
-    def _under(value: Any, folders: tuple[str, ...], restricts: bool, scope: Scope, negate: bool = False) -> bool:
-        """A path, or a list of paths (any for deny and ask, all for allow), under the folders (or, `negate`, under
-        none of them); what cannot be told counts for deny and ask, never for allow."""
-        entries = value if isinstance(value, list) else [value]
-        if not entries or not all(isinstance(entry, str) for entry in entries):
-            return False
-        answers = [paths.under(entry, folders, scope.workdir) for entry in entries]
-        if negate:
-            answers = [None if answer is None else not answer for answer in answers]
-        if restricts:
-            if None in answers and True not in answers:
-                scope.notes.append("a relative path may lie there, and the working directory is not known, so it "
-                                   "counts as matching")
-            return any(answer is not False for answer in answers)
+
+def _each_path(value: Any, test: PathTest, restricts: bool, scope: Scope) -> bool:
+    """A path, or a list of paths (any for deny and ask, all for allow), passes the test; a pattern with braces
+    (`*.{pem,key}`, as the agents' file tools expand it) is each of its words. What cannot be told counts for
+    deny and ask, never for allow."""
+    entries = value if isinstance(value, list) else [value]
+    if not entries or not all(isinstance(entry, str) for entry in entries):
+        return False
+    words = [word for entry in entries for word in (globs.braces(entry) or [None])]
+    answers = [test(word) for word in words]
+    if not restricts:
         return all(answer is True for answer in answers)
+    if None in answers and True not in answers:
+        patterns = any(word is None or globs.has_magic(word) for word in words)
+        scope.notes.append("a pattern may name a file there (the files it matches decide), so it counts as "
+                           "matching" if patterns else "a relative path may lie there, and the working directory "
+                           "is not known, so it counts as matching")
+    return any(answer is not False for answer in answers)
 
 
 class ArgvTest(Strict):
