@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -138,6 +139,13 @@ def test_gemini_cli_reads_its_decision_and_an_ask_is_a_deny_it_can_end():
 
 
 @pytest.mark.parametrize("agent", HOOK_AGENTS)
+def test_a_defer_is_no_decision_in_every_agents_reading(agent):
+    """Nothing on stdout, exit 0: each agent's own permission flow decides (never Claude Code's own
+    `permissionDecision: "defer"`, which pauses a `claude -p` session, nor Gemini CLI's `{"decision": "allow"}`)."""
+    assert render(agent, "pre", "defer", "no rule decided this call") == ("", 0)
+
+
+@pytest.mark.parametrize("agent", HOOK_AGENTS)
 def test_only_the_agents_that_ask_are_handed_an_ask(agent):
     text, _ = render(agent, "pre", "ask", "a push")
     assert ('"ask"' in text) == (agent in HOOK_AGENTS_THAT_ASK)
@@ -145,7 +153,7 @@ def test_only_the_agents_that_ask_are_handed_an_ask(agent):
 
 @pytest.mark.parametrize("agent", HOOK_AGENTS)
 def test_after_the_call_every_agent_gets_a_quiet_success_and_a_reason_is_never_empty(agent):
-    for decision in ("allow", "deny", "ask"):
+    for decision in ("allow", "deny", "ask", "defer"):
         assert render(agent, "post", decision, "whatever") == ("", 0)
     text, _ = render(agent, "pre", "deny", "  ")
     assert "toolkeeper decided deny" in text  # Codex refuses a deny without a reason, and runs the call
@@ -231,6 +239,14 @@ def test_the_decision_is_relayed_in_claude_codes_format(stand_in, decision):
     assert "Authorization" not in headers  # no TOOLKEEPER_AGENT_KEY, no header
 
 
+@pytest.mark.parametrize("agent", HOOK_AGENTS)
+def test_a_defer_is_relayed_as_silence(stand_in, agent):
+    server = stand_in({"decision": "defer", "reason": "no rule decided this call"})
+    done = hook(agent, {"claude-code": CLAUDE_PRE, "codex": CODEX_PRE, "gemini-cli": GEMINI_PRE}[agent],
+                "--url", server.url)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
 def test_gemini_cli_and_codex_are_answered_in_theirs(stand_in):
     server = stand_in({"decision": "deny", "reason": "no echo"})
     gemini = hook("gemini-cli", GEMINI_PRE, "--url", server.url)
@@ -304,6 +320,52 @@ def test_a_toolkeeper_that_does_not_answer_in_time_is_a_deny(stand_in):
     reason = denial(hook("claude-code", CLAUDE_PRE, "--url", server.url, "--timeout", "0.5"))
     assert reason == f"toolkeeper at {server.url} did not answer within 0.5 s: the hook fails closed"
     assert time.monotonic() - started < 5
+
+
+class Trickle:
+    """A server that answers POST /toolkeeper/hooks with an allow, one byte a second: from its first byte
+    (`headers`), or with its headers at once and then its body (`body`). A per-read timeout never trips."""
+
+    def __init__(self, start: str):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen()
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.start = start
+        self.stopped = threading.Event()
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        with contextlib.suppress(OSError):
+            connection, _ = self.listener.accept()
+            with connection:
+                connection.recv(65536)
+                body = json.dumps({"decision": "allow", "reason": "trickled"}).encode()
+                head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        + f"Content-Length: {len(body)}\r\n\r\n".encode())
+                if self.start == "body":
+                    connection.sendall(head)
+                for byte in (head if self.start == "headers" else b"") + body:
+                    if self.stopped.wait(1):
+                        return
+                    connection.sendall(bytes([byte]))
+
+    def close(self):
+        self.stopped.set()
+        self.listener.close()
+
+
+@pytest.mark.parametrize("start", ["headers", "body"])
+def test_the_timeout_is_a_deadline_for_the_whole_answer_not_for_each_read(start):
+    server = Trickle(start)
+    try:
+        started = time.monotonic()
+        reason = denial(hook("claude-code", CLAUDE_PRE, "--url", server.url, "--timeout", "3"))
+        took = time.monotonic() - started
+    finally:
+        server.close()
+    assert reason == f"toolkeeper at {server.url} did not answer within 3 s: the hook fails closed"
+    assert took < 3 + 1.5, took  # the process's own start included; the trickle would take over 30 s
 
 
 def test_an_event_it_cannot_read_is_a_deny_without_asking(stand_in):

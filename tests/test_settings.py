@@ -85,6 +85,17 @@ def test_a_broken_config_file_stops_serve_saying_what_is_wrong(tmp_path, text, s
         assert f"{config}: {said}" in done.stderr
 
 
+def test_a_config_file_may_group_settings_by_their_first_word(tmp_path):
+    config = tmp_path / "toolkeeper.yaml"
+    config.write_text("hooks:\n  undecided: ask\nport: 9000\n")
+    assert (settings_from(["--config", str(config)], {}).hooks_undecided, settings_from([], {}).hooks_undecided) \
+        == ("ask", "defer")
+    assert settings_from(["--config", str(config), "--hooks-undecided", "allow"], {}).hooks_undecided == "allow"
+    config.write_text("hooks:\n  undecide: ask\n")
+    with pytest.raises(SettingsError, match="unknown option 'hooks_undecide'"):
+        settings_from(["--config", str(config)], {})
+
+
 def test_a_wrong_environment_value_is_refused_too():
     with pytest.raises(SettingsError, match="TOOLKEEPER_WORKERS: workers: 'two' is not an integer"):
         settings_from([], {"TOOLKEEPER_WORKERS": "two"})

@@ -34,7 +34,7 @@ from toolkeeper.policy import (
     rules_in_force,
 )
 from toolkeeper.runners import McpRunner, McpServers, Runner, runners_for
-from toolkeeper.settings import TOKEN_VARIABLE, Settings
+from toolkeeper.settings import TOKEN_VARIABLE, Settings, describe_hooks_undecided
 from toolkeeper.store import Store, open_store
 from toolkeeper.tools import Agent, AgentFileError, lint_agent, load_agent_file, load_agent_keys
 from toolkeeper.tracing import Tracing
@@ -110,7 +110,7 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
                       tools_api(lambda: sorted(engine.agent.tools)), pins_api(stores.store, stores.audit))
     api_key = os.environ[agent.config.api_key_env] if agent.config.api_key_env else None
     mcp_server = build_server(McpDoor(engine, servers, stores.store), consent, __version__, tracing)
-    doors = Doors(mcp_server, HookCalls(engine.agent_calls), settings.host)
+    doors = Doors(mcp_server, HookCalls(engine.agent_calls, settings.hooks_undecided), settings.host)
     app = proxy_app(engine, settings, upstream_url=agent.config.upstream, api_key=api_key, metrics=metrics,
                     admin=admin, agent_keys=agent_keys(agent, settings), checks=stores.checks(), store=stores.store,
                     doors=doors, tracing=tracing)
@@ -146,7 +146,8 @@ class Reloader:
         self.settings = settings
 
     def describe(self) -> str:
-        return self.engine.handler.policy.describe()
+        """Which sources decide, and what the hooks door answers for a call none decides, for the start line."""
+        return f"{self.engine.handler.policy.describe()}, {describe_hooks_undecided(self.settings.hooks_undecided)}"
 
     def __call__(self) -> bool:
         old = self.engine.agent

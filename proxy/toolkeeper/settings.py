@@ -27,6 +27,17 @@ PREFIX = "TOOLKEEPER_"
 CONFIG_VARIABLE = "TOOLKEEPER_CONFIG"
 STORE_FILE = "toolkeeper.sqlite3"  # serve's store and trail, next to the agent file unless set
 AUDIT_FILE = "toolkeeper-audit.sqlite3"
+# What the hooks door answers for a call no rule decides (docs/how-to/govern-an-agent-through-its-hooks.md):
+# defer, the default, so that installing the hook never grants what the agent would have asked about.
+HOOKS_UNDECIDED = ("defer", "allow", "ask")
+
+
+def describe_hooks_undecided(undecided: str) -> str:
+    """What an agent's hook is answered for a call no rule decides, in words (serve's start line, `check`)."""
+    meaning = {"defer": "no decision, the agent's own permission flow applies",
+               "allow": "allowed, skipping the agent's own permission prompt",
+               "ask": "a person is asked"}[undecided]
+    return f"hooks_undecided {undecided} (a hook call no rule decides: {meaning})"
 
 
 class SettingsError(ValueError):
@@ -62,10 +73,12 @@ class Settings:
     audit: str | None = option(None, "the audit trail: an SQLite file (default: toolkeeper-audit.sqlite3 next to "
                                      "the agent file) or a postgresql:// URL, shared by several replicas",
                                secret=True)
-    redact: tuple[str, ...] = option((), "also redact argument values whose names contain PATTERN, beside the "
-                                         "defaults (key, token, secret, password, authorization); repeatable",
+    redact: tuple[str, ...] = option((), "also redact argument values whose names hold PATTERN's words (api_key, "
+                                         "apiKey, x-api-key hold `key`; keyword does not), beside the defaults "
+                                         "(key, token, secret, password, authorization, apikey, accesstoken, "
+                                         "authtoken, secretkey, privatekey, passwd); a word may hold *; repeatable",
                                      metavar="PATTERN")
-    redact_only: tuple[str, ...] = option((), "redact only values whose names contain PATTERN, replacing the "
+    redact_only: tuple[str, ...] = option((), "redact only values whose names hold PATTERN's words, replacing the "
                                               "defaults; repeatable", metavar="PATTERN")
     history_ttl: float = option(24 * 3600.0, "seconds a hidden exchange is kept for the agent's next request")
     policy: str | None = option(None, "the security team's rules (YAML); default: the shipped "
@@ -81,6 +94,12 @@ class Settings:
                                   "there is one, else approvals when the token is set",
                           choices=("auto", "terminal", "approvals", "none"))
     consent_timeout: float = option(300.0, "seconds a call waits for an answer before it is denied")
+    hooks_undecided: str = option("defer", "what an agent's hook is answered for a call no rule (YAML or OPA) "
+                                           "decides: defer (no decision: the agent's own permission flow "
+                                           "applies, recorded `deferred`), allow (skip the agent's own prompt), "
+                                           "or ask (a person approves it, as for a rule's ask); in the config "
+                                           "file also `hooks: {undecided: ...}`",
+                                  choices=HOOKS_UNDECIDED)
     allow_origin: tuple[str, ...] = option((), "a web origin (https://app.example) whose pages may call toolkeeper "
                                                 "(repeatable; default: none, every request with a browser Origin "
                                                 "is refused)", metavar="ORIGIN")
@@ -241,8 +260,8 @@ def from_environment(environ: dict[str, str]) -> dict[str, Any]:
 
 
 def read_config(path: str) -> dict[str, Any]:
-    """The config file: flat keys named like the long options (dashes or underscores); `<secret>_file` names a
-    file holding a secret."""
+    """The config file: keys named like the long options (dashes or underscores), or grouped by their first word
+    (`hooks: {undecided: ask}`); `<secret>_file` names a file holding a secret."""
     import yaml  # only when a config file is used
 
     try:
@@ -255,7 +274,7 @@ def read_config(path: str) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise SettingsError(f"the config file {path} must be a mapping of option names to values")
     values: dict[str, Any] = {}
-    for key, value in loaded.items():
+    for key, value in _grouped(loaded):
         name = str(key).replace("-", "_")
         if name.endswith("_file") and name[:-5] in SETTINGS and SETTINGS[name[:-5]].metadata["secret"]:
             values[name[:-5]] = read_secret(str(value), f"{key} in {path}")
@@ -265,6 +284,18 @@ def read_config(path: str) -> dict[str, Any]:
             known = ", ".join(sorted(SETTINGS))
             raise SettingsError(f"{path}: unknown option {key!r} (known: {known})")
     return values
+
+
+def _grouped(loaded: dict[Any, Any]) -> list[tuple[str, Any]]:
+    """The config file's keys, a group's spelled out: `hooks: {undecided: ask}` is `hooks_undecided: ask` (no
+    setting's value is a mapping, so a mapping is always a group)."""
+    keys: list[tuple[str, Any]] = []
+    for key, value in loaded.items():
+        if isinstance(value, dict):
+            keys += [(f"{key}_{inner}", inner_value) for inner, inner_value in value.items()]
+        else:
+            keys.append((str(key), value))
+    return keys
 
 
 def read_secret(path: str, where: str) -> str:

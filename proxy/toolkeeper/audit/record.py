@@ -18,10 +18,11 @@ from pydantic import BaseModel, Field
 
 # The outcome of a call: it ran (ok, failed, timeout), never ran (invalid, denied), its agent left while it ran
 # (cancelled), or toolkeeper stopped while it ran (interrupted); an agent's own call handed to it (forwarded),
-# whose result never came back (unanswered); a tool the model server runs, withheld from its offer (withheld)
-# or seen run in an answer (observed); and "running" while a declared call has not completed.
+# whose result never came back (unanswered); one no rule decided, left by the hooks door to the agent's own
+# permission flow (deferred); a tool the model server runs, withheld from its offer (withheld) or seen run in an
+# answer (observed); and "running" while a declared call has not completed.
 CallStatus = Literal["ok", "failed", "invalid", "denied", "timeout", "cancelled", "interrupted", "forwarded",
-                     "unanswered", "withheld", "observed"]
+                     "deferred", "unanswered", "withheld", "observed"]
 EntryStatus = Literal[CallStatus, "running"]
 STATUSES: tuple[str, ...] = get_args(EntryStatus)
 SOURCES = ("declared", "agent", "hosted", "mcp")  # who runs the call: toolkeeper, the agent, the model server, or

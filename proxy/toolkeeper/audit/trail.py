@@ -154,8 +154,10 @@ class SQLAudit(TrailReader):
         self._append("refused", record, DECIDED_FIELDS + COMPLETED_FIELDS)
 
     def forwarded(self, record: ExecutionRecord) -> None:
-        """An agent's own call, allowed and handed to it; `completed` follows when its result comes back."""
-        self._append("forwarded", record, DECIDED_FIELDS, status="forwarded")
+        """An agent's own call handed to it: allowed (`forwarded`), or, on the hooks door, left to the agent's own
+        permission flow (`deferred`); `completed` follows when its result comes back."""
+        self._append("forwarded", record, DECIDED_FIELDS, status="deferred" if record.status == "deferred"
+                     else "forwarded")
 
     async def write(self, kind: Kind, record: ExecutionRecord) -> None:
         """From the event loop: a local SQLite write is quicker than a hop to a thread; a remote one runs in a

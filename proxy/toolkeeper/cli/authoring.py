@@ -21,7 +21,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
     check = commands.add_parser("check", help="lint an agent file as the model will read it")
     check.add_argument("agent_file", help="the agent file (YAML)")
-    check.add_argument("--policy", metavar="RULES", help="also check the security team's YAML rules against it")
+    check.add_argument("--policy", metavar="RULES", help="also check the security team's YAML rules against it, "
+                       "and say what an agent's hook is answered for a call they do not decide")
+    check.add_argument("--config", metavar="FILE", help="serve's config file, for the settings serve would apply "
+                       "with the rules (hooks_undecided; default: $TOOLKEEPER_CONFIG)")
     check.add_argument("--format", choices=("text", "json"), default="text", help="text (default) or json")
     check.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     check.set_defaults(run=check_command)
@@ -51,17 +54,23 @@ def schema_command(args: argparse.Namespace) -> int:
 
 
 def check_command(args: argparse.Namespace) -> int:
+    from toolkeeper.settings import Settings, describe_hooks_undecided
     from toolkeeper.tools import Finding
 
+    # what serve would answer an agent's hook for a call the rules leave undecided: read where serve reads it
+    undecided = Settings.for_command(args).hooks_undecided if args.policy else None
     findings = findings_for(args.agent_file, args.policy)
     errors = sum(finding.severity == "error" for finding in findings)
     warnings = len(findings) - errors
     if args.format == "json":
-        print(json.dumps({"file": args.agent_file, "errors": errors, "warnings": warnings,
-                          "findings": [finding.as_dict() for finding in findings]}, indent=2))
+        report = {"file": args.agent_file, "errors": errors, "warnings": warnings,
+                  "findings": [finding.as_dict() for finding in findings]}
+        print(json.dumps({**report, "hooks_undecided": undecided} if undecided else report, indent=2))
     else:
         for finding in findings:
             print(f"{args.agent_file}: {Finding.line(finding)}")
+        if undecided:
+            print(f"{args.policy}: {describe_hooks_undecided(undecided)}")
         print(f"{args.agent_file}: {counted(errors, 'error')}, {counted(warnings, 'warning')}")
     return 1 if errors or (warnings and args.strict) else 0
 

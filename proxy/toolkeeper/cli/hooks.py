@@ -12,6 +12,10 @@ understands, because every one of these agents treats a hook that crashes or
 prints what it cannot parse as no hook at all, and would run the call.
 --fail-open makes those failures a warning instead. A post event cannot be
 undone, so there a failure is only a line on stderr.
+
+--timeout is a deadline for the whole answer, not for each read: a server
+that trickles a byte a second would otherwise hold the hook until the agent
+kills it (Gemini CLI at 60 s), and an agent runs the call of a hook it killed.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ import argparse
 import contextlib
 import json
 import sys
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from toolkeeper.common import is_loopback, printable
 from toolkeeper.settings import Settings, SettingsError
@@ -31,6 +38,8 @@ from toolkeeper.wire import HOOK_AGENTS, HOOK_DECISIONS, read_event, render
 
 HOOKS = "/toolkeeper/hooks"
 AGENT_KEY_VARIABLE = "TOOLKEEPER_AGENT_KEY"
+MAX_ANSWER_BYTES = 1 << 20  # a decision and its reason are a few hundred bytes; a longer answer is no decision
+T = TypeVar("T")
 
 
 class Unanswered(Exception):
@@ -49,8 +58,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                       help="when toolkeeper cannot answer, let the call go on as without the hook (with a warning "
                       "on stderr) instead of denying it")
     hook.add_argument("--timeout", type=_seconds, default=330.0, metavar="SECONDS",
-                      help="seconds to wait for toolkeeper's answer before failing (default 330: longer than a "
-                      "call may wait for a person's approval, 300 s by default)")
+                      help="seconds from the hook's start to toolkeeper's whole answer, however slowly it comes, "
+                      "before failing (default 330: longer than a call may wait for a person's approval, 300 s by "
+                      "default)")
     Settings.client_arguments(hook)
     hook.set_defaults(run=hook_command)
 
@@ -66,6 +76,7 @@ def _seconds(text: str) -> float:
 
 
 def hook_command(args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.timeout
     agent = args.agent
     try:
         event = json.loads(sys.stdin.buffer.read())
@@ -75,7 +86,7 @@ def hook_command(args: argparse.Namespace) -> int:
         return _answer(agent, "pre", "deny", f"toolkeeper cannot read this {agent} hook event ({exc}): the hook "
                                              "fails closed")
     try:
-        decision, reason = ask(args, event)
+        decision, reason = ask(args, event, deadline)
     except Unanswered as exc:
         return _unanswered(args, phase, str(exc))
     except Exception as exc:  # to every agent a crashed hook is no hook: fail closed instead
@@ -83,8 +94,8 @@ def hook_command(args: argparse.Namespace) -> int:
     return _answer(agent, phase, decision, reason)
 
 
-def ask(args: argparse.Namespace, event: Any) -> tuple[str, str]:
-    """toolkeeper's (decision, reason) for the event, or Unanswered."""
+def ask(args: argparse.Namespace, event: Any, deadline: float) -> tuple[str, str]:
+    """toolkeeper's (decision, reason) for the event by `deadline` (time.monotonic()), or Unanswered."""
     try:
         settings = Settings.from_arguments(args)
     except SettingsError as exc:
@@ -101,23 +112,55 @@ def ask(args: argparse.Namespace, event: Any) -> tuple[str, str]:
     # a proxy set for the agent's own traffic (HTTPS_PROXY) must not see the agent key on its way to this machine
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}) if is_loopback(parts.hostname) else
                                          urllib.request.ProxyHandler())
+    late = f"toolkeeper at {base} did not answer within {args.timeout:g} s"
+    status, body = _by_deadline(deadline, late, lambda: _exchange(opener, request, base, deadline, late))
+    return _decision(base, status, body)
+
+
+def _exchange(opener: urllib.request.OpenerDirector, request: urllib.request.Request, base: str, deadline: float,
+              late: str) -> tuple[int, bytes]:
+    """The request sent and its answer read: (status, body), or Unanswered saying why not."""
     try:
-        with opener.open(request, timeout=args.timeout) as answer:
-            status, body = answer.status, answer.read()
+        # each read may take what is left of the deadline; _by_deadline ends the wait for all of them together
+        with opener.open(request, timeout=max(deadline - time.monotonic(), 0.001)) as answer:
+            return answer.status, answer.read(MAX_ANSWER_BYTES + 1)
     except urllib.error.HTTPError as exc:
-        raise Unanswered(f"toolkeeper at {base} refused the hook ({exc.code}: {_error_of(exc)})") from None
+        with exc:
+            raise Unanswered(f"toolkeeper at {base} refused the hook ({exc.code}: {_error_of(exc)})") from None
     except urllib.error.URLError as exc:
         raise Unanswered(f"toolkeeper could not be reached at {base} ({exc.reason})") from None
     except TimeoutError:
-        raise Unanswered(f"toolkeeper at {base} did not answer within {args.timeout:g} s") from None
+        raise Unanswered(late) from None
     except OSError as exc:
         raise Unanswered(f"toolkeeper could not be reached at {base} ({exc})") from None
-    return _decision(base, status, body)
+
+
+def _by_deadline(deadline: float, late: str, work: Callable[[], T]) -> T:
+    """work()'s result, or Unanswered(late) once `deadline` has passed, however far work() has got: it runs in a
+    daemon thread, which is left behind (and ends with the process) when it is late. A socket timeout alone is
+    per read, and a server answering a byte at a time never trips it."""
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, work()))
+        except BaseException as exc:  # handed to the caller, as if work() had run there
+            outcome.append((False, exc))
+
+    worker = threading.Thread(target=run, name="toolkeeper-hook-request", daemon=True)
+    worker.start()
+    worker.join(max(deadline - time.monotonic(), 0))
+    if not outcome:
+        raise Unanswered(late)
+    finished, value = outcome[0]
+    if not finished:
+        raise value
+    return value
 
 
 def _decision(base: str, status: int, body: bytes) -> tuple[str, str]:
     try:
-        answer = json.loads(body) if status == 200 else None
+        answer = json.loads(body) if status == 200 and len(body) <= MAX_ANSWER_BYTES else None
     except ValueError:
         answer = None
     if not isinstance(answer, dict) or answer.get("decision") not in HOOK_DECISIONS \

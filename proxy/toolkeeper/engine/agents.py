@@ -111,6 +111,8 @@ class AgentCalls:
         if time.monotonic() - self._swept > min(SWEEP_EVERY, self.handler.forwarded_ttl):
             self._swept = time.monotonic()
             for stored in await store.take_expired_links():
+                # a `deferred` call (the hooks door left it to the agent's own permission flow) may well have
+                # been refused by the agent, so no result is owed: its record stays `deferred`
                 if stored.get("source") in ("agent", "hosted") and stored.get("status") == "forwarded":
                     record = ExecutionRecord.model_validate(stored)
                     record.status, record.answer = "unanswered", "(the agent never sent this call's result back)"

@@ -4,14 +4,20 @@
                                               deny: recorded `denied`, the agent is told why
                                               ask: the consent channel when one can ask; else the agent's own
                                                    prompt asks its user (recorded `forwarded`, consent `delegated`)
-    after (PostToolUse, AfterTool)  -> the forwarded record completed with the tool's output
+                                     no rule decides -> `hooks_undecided`: defer (the default: no decision, the
+                                                   agent's own permission flow applies; recorded `deferred`),
+                                                   allow, or ask
+    after (PostToolUse, AfterTool)  -> the forwarded (or deferred) record completed with the tool's output
 
 `api: hook`, `tool.source: agent`: the same policy input as the agent's own
-call on the model wire, so one rule governs both doors.
+call on the model wire, so one rule governs both doors. On the model wire a
+call no rule decides is passed to the agent, which still asks its user as it
+would; here an allow would skip that question, so only a rule's allow is one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,18 +25,36 @@ from toolkeeper.audit import ExecutionRecord
 from toolkeeper.engine.agents import AgentCalls
 from toolkeeper.engine.calls import CallContext, CallState, Outcome
 from toolkeeper.engine.types import ToolCall, TurnContext
+from toolkeeper.policy import Decision
+from toolkeeper.settings import HOOKS_UNDECIDED
+
+# Whose allow is a decision a rule made: the YAML rules' and OPA's, when it names the rule that allowed. Any other
+# allow is no decision, and fails toward deferring, never toward granting: the agent's-own-tool default, a source
+# added later, and OPA's catch-all (Rego must always answer, or the call is denied, so a policy ends with
+# `default decision := {"effect": "allow", "rule": null, ...}`, as policies/default.rego does).
+GRANTING_SOURCES = ("rules", "opa")
 
 
 @dataclass(frozen=True)
 class HookDecision:
-    effect: str  # allow | deny | ask (the agent asks its own user)
+    effect: str  # allow | deny | ask (the agent asks its own user) | defer (no decision: the agent's own flow)
     reason: str
 
 
+def decided_by_a_rule(decision: Decision) -> bool:
+    """A rule decided the call: any deny or ask, or an allow that names its YAML or Rego rule. Any other allow is
+    the absence of a decision."""
+    return decision.effect != "allow" or (decision.source in GRANTING_SOURCES and bool(decision.rule_id))
+
+
 class HookCalls:
-    def __init__(self, agent_calls: AgentCalls):
+    def __init__(self, agent_calls: AgentCalls, undecided: str = "defer"):
+        """`undecided`: what a call no rule decides is answered (settings' `hooks_undecided`)."""
+        if undecided not in HOOKS_UNDECIDED:
+            raise ValueError(f"hooks_undecided must be defer, allow or ask, not {undecided!r}")
         self.agent_calls = agent_calls
         self.handler = agent_calls.handler
+        self.undecided = undecided
 
     async def before(self, turn: TurnContext, call: ToolCall, *, agent_asks: bool = True) -> HookDecision:
         """`agent_asks`: the agent can put a question to its user (an ask no channel here can take goes there);
@@ -42,6 +66,12 @@ class HookCalls:
                                  status="denied", policy_revision=handler.policy.revision)
         record.policy_input = handler.document(call.name, call.arguments, None, turn, source="agent")
         decision = await handler.policy.decide(record.policy_input)
+        if not decided_by_a_rule(decision):
+            if self.undecided == "defer":
+                return await self._defer(record, decision, turn)
+            if self.undecided == "ask":
+                decision = dataclasses.replace(decision, effect="ask", reason="no rule decided this call, and "
+                                               "hooks_undecided is ask: a person decides")
         record.decided_by(decision)
         delegated = decision.effect == "ask" and agent_asks and not handler.consent_for(turn).can_ask
         if decision.effect == "ask" and not delegated:
@@ -52,11 +82,26 @@ class HookCalls:
             record.consent = "delegated" if delegated else record.consent
             if await self.agent_calls.write_forwarded(record, turn):
                 return HookDecision("ask" if delegated else "allow", record.decision_reason)
-            return HookDecision("deny", f"{call.name} could not be recorded in the audit trail, so toolkeeper "
-                                        "does not let it run")
+            return self._unrecorded(call.name)
         record.answer = f"Not allowed by toolkeeper: {record.decision_reason}"
         await handler.settle(record, Outcome(record.answer))
         return HookDecision("deny", record.decision_reason)
+
+    async def _defer(self, record: ExecutionRecord, undecided: Decision, turn: TurnContext) -> HookDecision:
+        """No rule decided: the agent's own permission flow decides, as it would without toolkeeper. Recorded
+        `deferred` (the policy's own verdict, the default allow, stays the record's decision, so that replay
+        compares a candidate with it); the post event completes the record if the agent ran the call."""
+        reason = "no rule decided this call: the agent's own permission flow decides"
+        record.decided_by(dataclasses.replace(undecided, reason=reason))
+        record.status = "deferred"
+        if await self.agent_calls.write_forwarded(record, turn):
+            return HookDecision("defer", reason)
+        return self._unrecorded(record.tool)
+
+    @staticmethod
+    def _unrecorded(tool: str) -> HookDecision:
+        return HookDecision("deny", f"{tool} could not be recorded in the audit trail, so toolkeeper does not let "
+                                    "it run")
 
     async def after(self, turn: TurnContext, call_id: str, output: Any, error: str | None = None) -> bool:
         """The tool's output (or its error) completes its record; False when no forwarded record waits for it."""

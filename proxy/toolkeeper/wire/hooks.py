@@ -17,6 +17,18 @@ alone:
 Every agent treats a hook that crashes (an exit status other than 0 or 2) or
 prints what it cannot parse as no hook: the call goes ahead. So a deny is always
 the agent's documented JSON on stdout with exit status 0, never a crash.
+
+"defer" (no rule decided the call) is no decision: the hook prints nothing and
+exits 0, which each agent reads as a hook with no opinion, so its own permission
+flow decides. Not Claude Code's own `permissionDecision: "defer"`: in 2.1.197
+that pauses a `claude -p` session at the call for its host to resume later
+(`hook_deferred_tool`, "defer is print-mode only"; ignored interactively).
+Codex 0.169.0's schema has no such value (allow|deny|ask), and its parser takes
+an empty stdout as no output. Gemini CLI (not installed here; its source,
+packages/core/src/hooks/hookRunner.ts and scheduler/scheduler.ts) parses a
+hook's stdout only when it is not empty, and its scheduler acts only on a
+deny/block (before its policy check) or an ask (forcing its prompt): its
+`decision: "allow"` grants nothing either.
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ from typing import Any, Literal
 from toolkeeper.common import canonical_json, digest, nesting, printable
 
 HOOK_AGENTS = ("claude-code", "gemini-cli", "codex")
-HOOK_DECISIONS = ("allow", "deny", "ask")
+HOOK_DECISIONS = ("allow", "deny", "ask", "defer")  # defer: no rule decided, the agent's own flow applies
 # whose hook can hand an ask to a person; the others' ask is rendered as a deny (see render), which the server
 # may record as one instead of delegating
 HOOK_AGENTS_THAT_ASK = ("claude-code",)
@@ -131,13 +143,13 @@ def render(event_agent: str, phase: str, decision: str, reason: str) -> tuple[st
     """What the hook prints and its exit status, exactly as `event_agent` reads a hook's answer.
 
     The reason is shown to people (and the model), so its control characters are escaped. A post event
-    cannot be undone: every agent gets a quiet success.
+    cannot be undone: every agent gets a quiet success. A defer is no decision: nothing printed, exit 0.
     """
     if event_agent not in EVENTS:
         raise ValueError(f"no hook format is known for {event_agent!r}")
     if phase not in ("pre", "post") or decision not in HOOK_DECISIONS:
         raise ValueError(f"cannot render phase {phase!r} with decision {decision!r}")
-    if phase == "post":
+    if phase == "post" or decision == "defer":  # said by saying nothing (see the module's docstring)
         return "", 0
     reason = printable(reason).strip() or f"toolkeeper decided {decision}"
     if event_agent == "claude-code":
@@ -167,7 +179,8 @@ def _codex(decision: str, reason: str) -> str:
 
 def _gemini_cli(decision: str, reason: str) -> str:
     # Gemini CLI 0.61.0 reads an undocumented "ask" as its confirmation prompt, but headless (`gemini -p`)
-    # nothing answers that prompt and the session waits until it is stopped: ask is the safe deny.
+    # nothing answers that prompt and the session waits until it is stopped: ask is the safe deny. Its allow
+    # grants nothing: its scheduler acts only on deny/block and ask, so its own policy engine still decides.
     if decision == "allow":
         return _json({"decision": "allow"})
     if decision == "ask":

@@ -1,7 +1,11 @@
 """`POST /toolkeeper/hooks`: what `toolkeeper hook AGENT` asks, on behalf of an agent's own pre- and post-tool hook.
 
     {"agent": "claude-code", "event": <the hook's stdin, as the agent wrote it>}
-        -> {"decision": "allow" | "deny" | "ask", "reason": "..."}
+        -> {"decision": "allow" | "deny" | "ask" | "defer", "reason": "..."}
+
+"defer": no rule decided the call, and serve's `hooks_undecided` is defer (the
+default): the hook gives the agent no decision, so its own permission flow
+applies.
 
 The event is read by `wire/hooks.py` (each agent's format, in one place) and
 decided by the engine's `HookCalls`. The caller presents an agent key (listed
@@ -25,9 +29,10 @@ PATH = "/toolkeeper/hooks"
 
 
 class HooksEndpoint:
-    def __init__(self, calls: HookCalls, keys: AgentKeys, host: str):
+    def __init__(self, calls: HookCalls, keys: AgentKeys, host: str, identity_header: str | None = None):
         self.calls = calls
         self.keys = keys
+        self.identity_header = identity_header  # serve's --identity-header: `agent.header`, as on the model APIs
         self.open = not keys.keys and is_loopback(host)  # no keys listed: this machine's agents only
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -44,7 +49,8 @@ class HooksEndpoint:
         except (orjson.JSONDecodeError, HookFormatError) as exc:
             return _refusal(400, f"not a hook event toolkeeper can read: {printable(str(exc))}")
         turn = TurnContext(request_id=secrets.token_hex(8), agent=agent, api="hook", workdir=event.cwd,
-                           tenant=digest(agent, kind, event.session))
+                           tenant=digest(agent, kind, event.session),
+                           agent_header=request.headers.get(self.identity_header) if self.identity_header else None)
         if event.phase == "post":
             recorded = await self.calls.after(turn, event.call_id, event.result, event.error)
             return web.json_response({"decision": "allow", "reason": "recorded" if recorded else "no call waited"})

@@ -22,7 +22,7 @@ from toolkeeper.wire.admin.console.layout import link, page, show, when
 # a range's length in seconds, and how many points a line has
 RANGES = {"1h": (3600, 60), "24h": (86400, 24), "7d": (604800, 28), "30d": (2592000, 30)}
 COLOURS = {"ok": "#1a7f37", "failed": "#cf222e", "timeout": "#bc4c00", "denied": "#9a6700", "invalid": "#8250df",
-           "forwarded": "#0969da", "running": "#57606a"}
+           "forwarded": "#0969da", "deferred": "#54aeff", "running": "#57606a"}
 WIDTH, HEIGHT, PAD = 460, 220, 36
 
 
