@@ -417,6 +417,30 @@ def test_redact_adds_and_redact_only_replaces():
     assert only.secret_name("passphrase") and not only.secret_name("api_key")
 
 
+def test_secret_names_are_read_by_word_not_by_letter():
+    from toolkeeper.audit import Redactor
+
+    redactor = Redactor()
+    secrets = ("api_key", "apiKey", "APIKey", "x-api-key", "token", "access_token", "accessToken", "password",
+               "secret", "client_secret", "authorization", "Authorization", "api_keys", "tokens", "token2", "apikey")
+    harmless = ("keyword", "monkey", "keyboard_layout", "turkey", "hotkey", "keystroke", "tokenizer", "secretary")
+    assert [name for name in secrets if not redactor.secret_name(name)] == []
+    assert [name for name in harmless if redactor.secret_name(name)] == []
+    added = Redactor.from_settings(["cred*", "session id"])  # a word's glob; words that stand together
+    assert added.secret_name("credentials") and added.secret_name("sessionId") and not added.secret_name("session")
+
+
+def test_cut_off_arguments_are_redacted_in_the_policy_input_too():
+    """An agent's call cut off mid-JSON reaches the policy as text: the stored policy input is redacted as text."""
+    from toolkeeper.audit import ExecutionRecord, Redactor
+
+    cut_off = '{"query": "rates", "api_key": "sk-live-5e1f0c2a", "pa'
+    record = Redactor().apply(ExecutionRecord(tool="fetch", arguments_sent=cut_off,
+                                              policy_input={"tool": {"name": "fetch"}, "arguments": cut_off}))
+    assert "sk-live-5e1f0c2a" not in json.dumps(record.model_dump())
+    assert record.policy_input["arguments"].startswith('{"query": "rates", "api_key": "[redacted]"')
+
+
 # -- no call left running ------------------------------------------------------------------
 
 def test_a_call_whose_agent_left_is_closed_as_cancelled(scripted, tku, audit_dir):

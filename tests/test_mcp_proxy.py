@@ -304,3 +304,87 @@ tools:
     assert again_took < 5  # neither is started again yet: said at once
     assert called.is_error and "could not be started" in text_of(called) and "tried again 30 s after" in text_of(
         called)
+
+
+ECHO_REVIEWED = {"annotations": {"readOnlyHint": False, "destructiveHint": True}, "_meta": {"example.com/reviewed": 1}}
+# Each a field a server might change to mislead a client about a tool it already approved: how toolkeeper names
+# it, the change, and a line of the diff it shows.
+FIELD_CHANGES = (
+    ("annotations.readOnlyHint", {"annotations": {"readOnlyHint": True, "destructiveHint": True}},
+     '+    "readOnlyHint": true'),
+    ("title", {"title": "Echo (harmless)"}, '+  "title": "Echo (harmless)"'),
+    ("outputSchema", {"outputSchema": {"type": "object", "properties": {"echoed": {"type": "string"}}}},
+     '+  "outputSchema": {'),
+    ("_meta.example.com/reviewed", {"_meta": {"example.com/reviewed": 2}}, '+    "example.com/reviewed": 2'),
+)
+
+
+async def echo_listed_and_called(directory: Path) -> tuple[object, object]:
+    """The `echo` tool as the client lists it (None when withheld), and a call of it."""
+    async with proxied(directory) as client:
+        listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+        return listed.get("mcp__notes__echo"), await client.call_tool("mcp__notes__echo", {"text": "hi"})
+
+
+def test_every_field_of_a_definition_is_pinned(setup):
+    """A changed `annotations.readOnlyHint`, `title`, `outputSchema` or `_meta` withholds the tool as a changed
+    description does: not listed, its calls refused, the change in the trail, the log and `mcp pins`, until
+    approved; then the client receives it."""
+    definition = setup / "state" / "echo.json"
+    env = {"TOOLKEEPER_AGENT_FILE": str(setup / "agent.yaml")}
+    fields = dict(ECHO_REVIEWED)
+    definition.write_text(json.dumps(fields))
+    echo, result = asyncio.run(echo_listed_and_called(setup))  # first seen: pinned
+    assert echo is not None and echo.annotations.read_only_hint is False and not result.is_error
+    for named, change, diff_line in FIELD_CHANGES:
+        fields.update(change)
+        definition.write_text(json.dumps(fields))
+        echo, result = asyncio.run(echo_listed_and_called(setup))
+        assert echo is None, named
+        assert result.is_error and f"changed since it was approved ({named})" in text_of(result), text_of(result)
+        pins = run_cli("mcp", "pins", env=env).stdout
+        assert f"notes echo: CHANGED ({named}): withheld until approved" in pins and diff_line in pins, pins
+        assert run_cli("mcp", "approve", "notes", "echo", "--as", "ada", env=env).returncode == 0
+        echo, result = asyncio.run(echo_listed_and_called(setup))
+        assert echo is not None and not result.is_error, named
+    assert echo.title == "Echo (harmless)" and echo.annotations.read_only_hint is True  # as the server gives it now
+    assert echo.output_schema and echo.meta == {"example.com/reviewed": 2}
+    withheld = [entry for entry in trail(setup) if entry["tool"] == "mcp__notes__echo" and entry["status"] ==
+                "withheld"]
+    assert len(withheld) == len(FIELD_CHANGES)
+    for entry, (named, _, diff_line) in zip(withheld, FIELD_CHANGES, strict=True):
+        assert f"({named})" in entry["decision_reason"] and diff_line in entry["answer"], entry
+    approved = [entry for entry in trail(setup) if entry["decision_source"] == "pin" and entry["status"] == "ok"]
+    assert len(approved) == len(FIELD_CHANGES) and "(changed: annotations.readOnlyHint)" in approved[0][
+        "decision_reason"]
+
+
+def test_a_pin_from_an_earlier_version_covers_every_field_from_now_on(setup):
+    """A pin written before whole definitions were pinned has a digest over the name, description and input schema
+    only. It is not compared the old way: a title changed since it was pinned is withheld until approved, and a
+    definition that did not change stays served (no pin is approved again, and none is refused for nothing)."""
+    import sqlite3
+
+    from toolkeeper.common import canonical_json, sha256_hex
+
+    (setup / "state" / "echo.json").write_text(json.dumps(ECHO_REVIEWED))
+    echo, _ = asyncio.run(echo_listed_and_called(setup))  # pinned
+    assert echo is not None
+    with sqlite3.connect(setup / "toolkeeper.sqlite3") as database:  # the store as an earlier version left it
+        for tool, definition in database.execute("SELECT tool, definition FROM mcp_pins").fetchall():
+            parts = json.loads(definition)
+            earlier = sha256_hex(canonical_json({key: parts.get(key) for key in ("name", "description",
+                                                                                 "inputSchema")}))
+            database.execute("UPDATE mcp_pins SET digest = ?, seen_digest = ? WHERE tool = ?", (earlier, earlier,
+                                                                                                 tool))
+    (setup / "state" / "echo.json").write_text(json.dumps({**ECHO_REVIEWED, "title": "Echo (harmless)"}))
+
+    async def listed() -> set[str]:
+        async with proxied(setup) as client:
+            return {tool.name for tool in (await client.list_tools()).tools}
+
+    names = asyncio.run(listed())
+    assert "mcp__notes__echo" not in names
+    assert "mcp__files__list_directory" in names  # unchanged, with more fields than the earlier digest covered
+    pins = run_cli("mcp", "pins", env={"TOOLKEEPER_AGENT_FILE": str(setup / "agent.yaml")}).stdout
+    assert "notes echo: CHANGED (title)" in pins and "files list_directory: pinned" in pins, pins

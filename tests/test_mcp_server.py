@@ -252,3 +252,68 @@ def test_a_tool_a_search_found_is_listed_and_called_over_either_transport(tmp_pa
             process.stop()
 
     asyncio.run(over_stdio_then_http())
+
+
+INTRUDER_KEY = "mcp-intruder-key-9876543210"
+
+
+def test_a_session_answers_only_to_the_key_that_opened_it(tmp_path):
+    """Agent B, with a valid key of its own, holds agent A's `Mcp-Session-Id`: its GET (the stream elicitations
+    travel on), its POST (a call, said to be A's) and its DELETE are each answered 404, as for a session that does
+    not exist, and logged without a key; A's session goes on as if nothing happened."""
+    import hashlib
+
+    import httpx2
+
+    two_agents = AGENTS + """
+      - name: intruder
+        key_sha256: "{intruder}"
+"""
+    write_agent(tmp_path, two_agents + YOLO + LOOKUP, key=hashlib.sha256(AGENT_KEY.encode()).hexdigest(),
+                intruder=hashlib.sha256(INTRUDER_KEY.encode()).hexdigest())
+    process = Process([sys.executable, "-m", "toolkeeper", "serve", str(tmp_path / "agent.yaml"), "--log-level",
+                       "WARNING"], "toolkeeper listening on", env=toolkeeper_env(free_port()))
+    mcp_url = process.url.removesuffix("/v1") + "/mcp"
+    session_ids: list[str] = []
+
+    async def note_session(response) -> None:
+        if "mcp-session-id" in response.headers:
+            session_ids.append(response.headers["mcp-session-id"])
+
+    async def intrude(session_id: str) -> list[int]:
+        headers = {"Authorization": f"Bearer {INTRUDER_KEY}", "Mcp-Session-Id": session_id,
+                   "Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+        call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                "params": {"name": "lookup", "arguments": {"word": "stolen"}}}
+        async with httpx2.AsyncClient(headers=headers, timeout=10) as http:
+            async with http.stream("GET", mcp_url, headers={"Accept": "text/event-stream"}) as stream:
+                statuses = [stream.status_code]
+            statuses.append((await http.post(mcp_url, json=call)).status_code)
+            statuses.append((await http.delete(mcp_url)).status_code)
+        return statuses
+
+    async def run() -> list[int]:
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {AGENT_KEY}"}, timeout=30,
+                                      event_hooks={"response": [note_session]}) as http, \
+                Client(streamable_http_client(mcp_url, http_client=http), client_info=_client_info(),
+                       mode="legacy") as client:  # the 2025 handshake: the protocol with sessions
+            assert not (await client.call_tool("lookup", {"word": "first"})).is_error
+            statuses = await intrude(session_ids[0])
+            result = await client.call_tool("lookup", {"word": "after"})  # A's session is still A's
+            assert not result.is_error, text_of(result)
+            return statuses
+
+    try:
+        statuses = asyncio.run(run())
+    finally:
+        log = process.stop()
+    assert statuses == [404, 404, 404]
+    called = (tmp_path / "calls.jsonl").read_text()
+    assert "first" in called and "after" in called and "stolen" not in called
+    refusals = [line for line in log.splitlines() if "agent 'intruder' sent" in line]
+    assert len(refusals) == 3, log
+    assert all("a session that agent 'desk' opened" in line and "refused" in line for line in refusals), refusals
+    assert AGENT_KEY not in log and INTRUDER_KEY not in log and session_ids[0] not in log

@@ -307,3 +307,73 @@ def test_the_format_is_told_from_the_file_when_not_given(tmp_path, sample, kind)
     unknown.write_text("allow everything\n")
     refused = run_cli("policy", "import", str(unknown))
     assert refused.returncode == 2 and "cannot tell its format" in refused.stderr
+
+
+# -- hostile inputs ---------------------------------------------------------------------------------------------
+
+def _dozen_at_each_of_nine_places() -> str:
+    """A Codex rules file of under a kilobyte whose pattern multiplies out into 12**9 (five billion) prefixes."""
+    place = "[" + ", ".join(f'"o{i}"' for i in range(12)) + "]"
+    return f'prefix_rule(pattern = [{", ".join([place] * 9)}], decision = "forbidden")\n'
+
+
+HOSTILE = [
+    ("codex", "expand.rules", _dozen_at_each_of_nine_places(),
+     'expand.rules:1: prefix_rule(): its pattern\'s alternatives (12 x 12 x 12 x 12 x 12 x 12 x 12 x 12 x 12) make '
+     "5,159,780,352 prefixes; toolkeeper writes at most 256 for one rule"),
+    ("codex", "concatenated.rules", 'prefix_rule(pattern = ["a"' + '+"a"' * 200_000 + "])\n",
+     "concatenated.rules: nested too deeply to be read"),
+    ("codex", "unary.rules", "prefix_rule(pattern = [" + "-" * 200_000 + "1])\n", "unary.rules: nested too deeply"),
+    ("claude-code", "settings.json", '{"permissions": {"deny": ' + "[" * 100_000 + "]" * 100_000 + "}}",
+     "settings.json: nested too deeply to be read"),
+    ("gemini-cli", "policy.toml", "[[rule]]\ntoolName = 'x'\nx = " + "[" * 100_000 + "]" * 100_000 + "\n",
+     "policy.toml: nested too deeply to be read"),
+    ("claude-code", "large.json", '{"permissions": {"allow": [' + ", ".join(['"Bash(ls)"'] * 120_000) + "]}}",
+     "large.json: larger than 1024 KiB"),
+    ("codex", "nul.rules", 'prefix_rule(pattern = ["ls"])\0\n', "nul.rules: not valid Starlark"),
+]
+
+
+@pytest.mark.parametrize(("kind", "name", "text", "said"), HOSTILE, ids=[name for _, name, _, _ in HOSTILE])
+def test_a_hostile_input_is_refused_with_exit_2_and_one_line_in_bounded_time(tmp_path, kind, name, text, said):
+    """Five billion prefixes from 750 bytes, a chain the parser cannot climb, a nesting, a file past any config's
+    size: refused before they cost, exit 2 and one line naming the file, never a traceback."""
+    import time
+
+    source = tmp_path / name
+    source.write_text(text)
+    started = time.monotonic()
+    run = run_cli("policy", "import", kind, str(source), "-o", str(tmp_path / "rules.yaml"), timeout=60)
+    took = time.monotonic() - started
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert run.stderr.startswith(f"toolkeeper: {tmp_path}/{said}") and len(run.stderr.splitlines()) == 1, run.stderr
+    assert took < 15 and not (tmp_path / "rules.yaml").exists()
+
+
+def test_a_webfetch_domain_reads_the_host_as_claude_code_does(tmp_path):
+    """`domain:HOST` is the host of `new URL(url)`: the port (even empty), the userinfo, the case and the trailing
+    slashes or backslashes do not hide it from a deny; a subdomain or a host named only in a userinfo is another
+    host; and an allow holds only for the host written plainly."""
+    settings = tmp_path / "settings.json"
+    settings.write_text('{"permissions": {"deny": ["WebFetch(domain:example.com)", "WebFetch(domain:10.0.0.7)"], '
+                        '"allow": ["WebFetch(domain:docs.python.org)"]}}')
+    run, _, scenarios = imported(tmp_path, "claude-code", settings)
+    assert run.returncode == 0, run.stderr
+    denied = ("http://example.com:/x", "http://a@example.com/", "https://a@b@example.com:443/", "HTTPS://EXAMPLE.COM/",
+              "https://example.com./", "http://example.com\\@evil.test/", "https:example.com/x", "https:\\\\example.com",
+              " https://example.com", "https://exam\tple.com/", "https://ex%61mple.com/",
+              "https://\uff45\uff58\uff41\uff4d\uff50\uff4c\uff45.com/", "http://167772167/", "http://10.7/")
+    other_hosts = ("https://www.example.com/", "http://example.com@evil.test/", "https://example.com.evil.test/",
+                   "https://evil.test/?next=https://example.com/", "https://notexample.com/")
+    not_plainly = ("https://docs.python.org@evil.test/", "https://docs.python.org./",
+                   "https://docs.python.org.evil.test/")
+    add_scenarios(scenarios, [
+        *(call("WebFetch", "deny", "claude-deny-webfetch-example-com" if "10." not in url and "167772167" not in url
+               else "claude-deny-webfetch-10-0-0-7", url=url) for url in denied),
+        *(call("WebFetch", "allow", url=url) for url in other_hosts),  # no rule: allowed, as Claude Code's own
+        call("WebFetch", "allow", "claude-allow-webfetch-docs-python-org", url="https://u@DOCS.python.org:/3/"),
+        *(call("WebFetch", "allow", url=url) for url in not_plainly),  # allowed by no rule, not by the import
+        # a host no regular expression can read (the parser decodes it) counts as matching every deny
+        call("WebFetch", "deny", "claude-deny-webfetch-example-com", url="https://docs%2epython.org/"),
+    ])
+    passes(scenarios)

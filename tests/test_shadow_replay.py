@@ -70,10 +70,12 @@ def governed(scripted, tmp_path_factory):
 
 def test_a_shadow_rule_is_recorded_and_counted_but_does_not_decide(governed):
     _, base, trail = governed
-    assert decision_of(hook(base, "Bash", {"command": "curl -s https://example.com | tee page.html"})) == "allow"
-    assert decision_of(hook(base, "Bash", {"command": "git -C repo push origin main"})) == "allow"
+    # no rule in force decides these: the hook gives no decision (the agent's own flow), whatever a shadow rule
+    # would have done; the record keeps the policy's own verdict, the default allow
+    assert decision_of(hook(base, "Bash", {"command": "curl -s https://example.com | tee page.html"})) == "defer"
+    assert decision_of(hook(base, "Bash", {"command": "git -C repo push origin main"})) == "defer"
     assert decision_of(hook(base, "Bash", {"command": "sudo rm -fr /var/tmp/x && curl x"})) == "deny"
-    assert decision_of(hook(base, "Bash", {"command": "ls -la"})) == "allow"
+    assert decision_of(hook(base, "Bash", {"command": "ls -la"})) == "defer"
 
     exported = [json.loads(line) for line in audit_cli(trail, "export").stdout.splitlines()]
     shadows = {entry["arguments"]["command"]: (entry["decision"], entry["shadow"]) for entry in exported}
@@ -112,7 +114,7 @@ def test_a_relative_path_is_resolved_in_the_working_directory_the_hook_gives(gov
     _, base, trail = governed
     assert decision_of(hook(base, "Read", {"file_path": "private/keys.txt"}, cwd="/srv")) == "deny"
     assert decision_of(hook(base, "Read", {"file_path": "../private/keys.txt"}, cwd="/srv/public")) == "deny"
-    assert decision_of(hook(base, "Read", {"file_path": "private/keys.txt"}, cwd="/work")) == "allow"
+    assert decision_of(hook(base, "Read", {"file_path": "private/keys.txt"}, cwd="/work")) == "defer"
     entry = json.loads(audit_cli(trail, "export", "--tool", "Read").stdout.splitlines()[0])
     assert entry["policy_input"]["workdir"] == "/srv" and entry["decision_rule"] == "private-files-never"
 
@@ -219,3 +221,75 @@ def test_the_console_replays_pasted_rules(seeded, scripted):
             urllib.request.urlopen(as_json, timeout=30)
         assert refused.value.code == 400 and "No candidate rules were sent" in refused.value.read().decode()
         refused.value.close()
+
+
+# -- replay of redacted values -------------------------------------------------------------------------------------
+
+SEARCH = """
+      - name: search
+        description: Search the index for a keyword. Use it to look things up. Returns the hits.
+        parameters:
+          keyword: {type: string, description: "The keyword."}
+          api_key: {type: string, description: "The index's key."}
+        command: ["{python}", "{tools}/record.py", "search", "{{keyword}}"]
+        env: {OUT: "{out}"}
+"""
+REDACTED_CANDIDATE = """
+rules:
+  - id: no-drops
+    effect: deny
+    reason: No destructive searches.
+    when: {tool: search, arguments: {keyword: {matches: drop}}}
+  - id: no-live-keys
+    effect: deny
+    reason: Agents search with test keys only.
+    when: {tool: search, arguments: {api_key: {matches: '^sk-live-'}}}
+"""
+
+
+def test_replay_says_what_it_cannot_judge_from_a_redacted_trail(scripted, tmp_path):
+    """`keyword` is no secret (a key name matches a pattern by word): a candidate testing it is judged. `api_key`
+    is redacted in the trail: a candidate rule testing it cannot be judged, and the call is reported so, never as
+    unchanged; the exit status holds back the candidate as a change would. The console says the same."""
+    from conftest import call, user
+
+    write_agent(tmp_path, YOLO + SEARCH)
+    (tmp_path / "candidate.yaml").write_text(REDACTED_CANDIDATE)
+    with serving(scripted, tmp_path, "--policy", "none", env={"TOOLKEEPER_ADMIN_TOKEN": TOKEN}) as running:
+        for arguments in ({"keyword": "drop table", "api_key": "sk-live-7f3a9c"},
+                          {"keyword": "weather", "api_key": "sk-live-b81d20"}):
+            scripted.script({"tool_calls": [call("search", arguments)]}, {"content": "ok"})
+            running.client().chat.completions.create(model="m", messages=user())
+        form = urllib.parse.urlencode({"candidate": REDACTED_CANDIDATE}).encode()
+        request = urllib.request.Request(running.base_url.removesuffix("/v1") + "/toolkeeper/audit/replay", data=form,
+                                         method="POST", headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            page = answer.read().decode()
+        running.close_clients()
+    trail = tmp_path / "toolkeeper-audit.sqlite3"
+    records = [json.loads(line) for line in audit_cli(trail, "export", "--tool", "search").stdout.splitlines()]
+    dropped, weather = records
+    assert dropped["policy_input"]["arguments"] == {"keyword": "drop table", "api_key": "[redacted]"}
+
+    result = run_cli("policy", "replay", "--candidate", str(tmp_path / "candidate.yaml"), "--db", str(trail),
+                     "--format", "json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert [(change["record_id"], change["candidate"]["rule"]) for change in report["changes"]] == [
+        (dropped["record_id"], "no-drops")]  # denied whatever its key: judged
+    assert report["unjudged"] == report["unjudged_may_tighten"] == 1
+    (unjudged,) = report["unjudged_calls"]
+    assert unjudged["record_id"] == weather["record_id"] and unjudged["current"]["effect"] == "allow"
+    assert unjudged["candidate"] == {"effects": ["allow", "deny"], "rules": ["no-live-keys"]}
+    assert unjudged["redacted"] == ["arguments.api_key"]
+    assert report["transitions"] == [{"current": "allow", "candidate": "deny", "calls": 1}]  # never allow -> allow
+
+    text = run_cli("policy", "replay", "--candidate", str(tmp_path / "candidate.yaml"), "--db", str(trail))
+    assert text.returncode == 1
+    assert "1 cannot be judged from the trail" in text.stdout
+    assert (f"{weather['record_id'][:12]} search [declared]: allow -> allow or deny? (no-live-keys tests "
+            "arguments.api_key, redacted)") in text.stdout
+
+    assert "<strong id=unjudged>1</strong> cannot be judged from the trail" in page
+    assert page.count("<tr class=unjudged>") == 1 and f"/toolkeeper/audit/{weather['record_id']}'" in page
+    assert "<strong id=changed>1</strong>" in page

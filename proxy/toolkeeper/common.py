@@ -7,7 +7,9 @@
   the entry and the key (agent files, rules, scenarios);
 - the files toolkeeper ships (the example agent, the default policy), found in
   a checkout or in the installed wheel;
-- whether a host name or address is this machine's loopback.
+- whether a host name or address is this machine's loopback;
+- the one grammar of a time a person gives (`7d` ago, or an ISO time), for the
+  CLI, the console and the export alike.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import hashlib
 import ipaddress
 import json
 import re
+import time
 import unicodedata
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,6 +69,24 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+TIME_GRAMMAR = "a number and a unit, like 7d, 12h or 30m (that long ago), or an ISO time like 2026-11-30T09:00"
+
+
+def moment(text: str, now: float | None = None) -> float | None:
+    """A time as a person gives it, the one grammar of the CLI's `--since`/`--until`, the console's trail filter and
+    its export: `7d`, `12h`, `30m`, `45s`, `2w` (that long before `now`) or an ISO time (`2026-11-30T09:00`, local
+    unless it gives its zone). Seconds since the epoch; None when it is neither (or a time no clock reaches)."""
+    text = text.strip()
+    ago = re.fullmatch(r"(\d{1,9})([smhdw])", text)
+    if ago:
+        return (time.time() if now is None else now) - int(ago.group(1)) * DURATION_UNITS[ago.group(2)]
+    try:
+        return datetime.fromisoformat(text).astimezone().timestamp()
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def is_loopback(host: str) -> bool:

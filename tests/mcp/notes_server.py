@@ -2,12 +2,14 @@
 
 Its state lives in $NOTES_STATE (a folder): `description.txt`, when present, is the
 `echo` tool's description, read at each `tools/list` (a server changing a tool's
-definition while it runs); `calls.log` gets one line per call it receives (what
+definition while it runs), and `echo.json`, when present, more fields of its
+definition (`title`, `annotations`, `outputSchema`, `_meta`...); `calls.log` gets one line per call it receives (what
 reached the server); `pid` holds its process id (the test kills it mid-call).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -28,8 +30,11 @@ def _schema(**properties: str) -> dict:
 async def list_tools(ctx, params) -> types.ListToolsResult:
     described = STATE / "description.txt"
     description = described.read_text() if described.exists() else "Echo the text back."
+    more = STATE / "echo.json"
+    echo = {"name": "echo", "description": description, "inputSchema": _schema(text="string"),
+            **(json.loads(more.read_text()) if more.exists() else {})}
     return types.ListToolsResult(tools=[
-        types.Tool(name="echo", description=description, input_schema=_schema(text="string")),
+        types.Tool.model_validate(echo),
         types.Tool(name="read_note", description="Read a note by its path.", input_schema=_schema(path="string")),
         types.Tool(name="slow", description="Wait some seconds, then answer.", input_schema=_schema(seconds="number")),
         types.Tool(name="wipe", description="Delete every note.", input_schema=_schema()),

@@ -14,11 +14,21 @@ fails open:
   fills an argv entry or stands after `=` (`--token=x`), so that it does not
   erase every "x" of unrelated text.
 
+A pattern matches a name by its words, not by its letters: a name is split
+into words at every character that is not a letter or a digit, where
+camelCase turns and between letters and digits (`x-api-key`, `api_key`,
+`apiKey`, `APIKey2` all hold the word `key`), and a pattern's words must stand
+together in it, the last one maybe plural (`keys`, `tokens`). So `keyword`,
+`monkey` and `keyboard_layout` are not secrets. A pattern's word may hold `*`
+(`cred*` matches `credentials`). A name run together without a break is one
+word: the defaults list the usual ones (`apikey`, `accesstoken`...).
+
 The record lists the paths it redacted.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from collections.abc import Iterable
@@ -27,7 +37,9 @@ from typing import Any
 from toolkeeper.audit.record import ExecutionRecord
 from toolkeeper.common import unencodable
 
-DEFAULT_PATTERNS = ("key", "token", "secret", "password", "authorization")
+DEFAULT_PATTERNS = ("key", "token", "secret", "password", "authorization",
+                    # names run together, which no word break splits (an API's `apikey`, `accesstoken`)
+                    "apikey", "accesstoken", "authtoken", "secretkey", "privatekey", "passwd")
 REDACTED = "[redacted]"
 MIN_ERASE = 4
 
@@ -36,11 +48,26 @@ MIN_ERASE = 4
 _MEMBER = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:\s*("(?:[^"\\]|\\.)*(?:"|$)|[\[{]|[^,}\]\s]+)')
 
 
+# A name's words: split where camelCase turns (apiKey, APIKey) and letters meet digits (token2), then at anything
+# that is not a letter or a digit; a pattern's `*` and `?` stay inside its words.
+_WORD_TURN = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])"
+                        r"|(?<=[A-Za-z])(?=[0-9])|(?<=[0-9])(?=[A-Za-z])")
+_NAME_BREAKS = re.compile(r"[\W_]+")
+_PATTERN_BREAKS = re.compile(r"[^\w*?]+|_+")
+
+
+def words(name: str, *, pattern: bool = False) -> tuple[str, ...]:
+    """A name's words, in lowercase (`x-api-key`, `api_key`, `apiKey`: x, api, key); a `pattern`'s keep their `*`
+    and `?`."""
+    breaks = _PATTERN_BREAKS if pattern else _NAME_BREAKS
+    return tuple(word.lower() for word in breaks.split(_WORD_TURN.sub(" ", name)) if word)
+
+
 class Redactor:
     def __init__(self, patterns: Iterable[str] = DEFAULT_PATTERNS):
         patterns = tuple(patterns)
         self.patterns = patterns
-        self.pattern = re.compile("|".join(re.escape(p) for p in patterns), re.IGNORECASE) if patterns else None
+        self.pattern_words = [found for found in (words(p, pattern=True) for p in patterns) if found]
 
     @classmethod
     def from_settings(cls, add: Iterable[str] = (), only: Iterable[str] = ()) -> Redactor:
@@ -48,7 +75,9 @@ class Redactor:
         return cls(only if only else (*DEFAULT_PATTERNS, *add))
 
     def secret_name(self, name: str) -> bool:
-        return bool(self.pattern and self.pattern.search(name))
+        """The name holds a pattern's words, side by side (the last one maybe plural)."""
+        held = words(name)
+        return any(_holds(held, wanted) for wanted in self.pattern_words)
 
     # -- values -----------------------------------------------------------------------
 
@@ -136,7 +165,9 @@ class Redactor:
                     continue
             data[field] = self.value(value, field, secrets, paths)
         policy_input = data.get("policy_input") or {}
-        if policy_input.get("arguments") is not None:
+        if isinstance(policy_input.get("arguments"), str):  # an agent's call cut off: its arguments are text
+            policy_input["arguments"] = self.text(policy_input["arguments"], "policy_input.arguments", secrets, [])
+        elif policy_input.get("arguments") is not None:
             policy_input["arguments"] = self.value(policy_input["arguments"], "policy_input.arguments", secrets, [])
         if data.get("argv"):
             data["argv"] = self.erase_argv(data["argv"], secrets)
@@ -145,6 +176,17 @@ class Redactor:
         data["answer"] = self.erase(data.get("answer") or "", secrets)
         data["redacted"] = sorted(set(paths))
         return type(record).model_validate(data)
+
+
+def _holds(held: tuple[str, ...], wanted: tuple[str, ...]) -> bool:
+    """`wanted` words stand together among `held`, each as a glob, the last one maybe plural (key: keys)."""
+    *leading, last = wanted
+    for start in range(len(held) - len(wanted) + 1):
+        here = held[start:start + len(wanted)]
+        if all(fnmatch.fnmatchcase(word, glob) for word, glob in zip(here, leading, strict=False)) and any(
+                fnmatch.fnmatchcase(here[-1], glob) for glob in (last, last + "s", last + "es")):
+            return True
+    return False
 
 
 def _leaves(value: Any) -> list[str]:

@@ -4,34 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
 from toolkeeper.audit import FORMATS, SOURCES, STATUSES, AuditEntry, AuditError, DamagedTrail, SQLAudit, open_audit
-from toolkeeper.common import counted, printable
+from toolkeeper.common import TIME_GRAMMAR, counted, moment, printable
 from toolkeeper.database import is_postgres_url
 from toolkeeper.settings import Settings
 
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
 
 def since(text: str | None, flag: str = "--since") -> float | None:
-    """`7d` (that long ago) or an ISO time (`2026-11-30T09:00`, local unless it says its zone): seconds."""
+    """`7d` (that long ago) or an ISO time (`2026-11-30T09:00`, local unless it says its zone): seconds. The
+    grammar is the console's too (`common.moment`)."""
     if not text:
         return None
-    match = re.fullmatch(r"(\d+)([smhdw])", text.strip())
-    if match:
-        return time.time() - int(match.group(1)) * UNITS[match.group(2)]
-    try:
-        return datetime.fromisoformat(text.strip()).astimezone().timestamp()
-    except ValueError:
+    parsed = moment(text)
+    if parsed is None:
         # exit 2, a usage error: `policy replay` exits 1 only for what a candidate would stop
-        print(f"toolkeeper: {flag} is a number and a unit, like 7d, 12h or 30m, or an ISO time like "
-              f"2026-11-30T09:00; got {text!r}", file=sys.stderr)
+        print(f"toolkeeper: {flag} is {TIME_GRAMMAR}; got {text!r}", file=sys.stderr)
         raise SystemExit(2) from None
+    return parsed
 
 
 def trail_arguments() -> argparse.ArgumentParser:

@@ -111,7 +111,7 @@ async def _listen_for_approvals(runner, settings: Settings) -> None:
 
 
 async def pins_command(settings: Settings) -> int:
-    from toolkeeper.engine import definition_diff
+    from toolkeeper.engine import changed_fields, definition_diff
     from toolkeeper.store import open_store
 
     if no_store_at(settings.kept("store")):
@@ -124,7 +124,10 @@ async def pins_command(settings: Settings) -> int:
     if not pins:
         print("no MCP server tool seen yet")
     for pin in pins:
-        state = "CHANGED: withheld until approved" if pin["changed"] else "pinned"
+        state = "pinned"
+        if pin["changed"]:
+            fields = ", ".join(changed_fields(pin["definition"], pin["seen_definition"]))
+            state = f"CHANGED ({fields}): withheld until approved"
         print(printable(f"{pin['server']} {pin['tool']}: {state}"))
         if pin["changed"]:
             print("\n".join(printable(line) for line in definition_diff(pin["definition"],

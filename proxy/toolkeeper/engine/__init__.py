@@ -12,7 +12,7 @@ from toolkeeper.engine.history import DEFAULT_TTL, History
 from toolkeeper.engine.hooks import HookCalls, HookDecision
 from toolkeeper.engine.hosted import HostedTools
 from toolkeeper.engine.loop import MAX_ROUNDS, Engine, tool_name
-from toolkeeper.engine.mcp import McpDoor, McpSession, approve_definition, definition_diff
+from toolkeeper.engine.mcp import McpDoor, McpSession, approve_definition, changed_fields, definition_diff
 from toolkeeper.engine.mock import MockModel, answer
 from toolkeeper.engine.types import (
     Event,
@@ -51,6 +51,7 @@ __all__ = [
     "add_usage",
     "answer",
     "approve_definition",
+    "changed_fields",
     "definition_diff",
     "tool_name",
 ]

@@ -17,10 +17,11 @@ import difflib
 import json
 import logging
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkeeper.audit import ExecutionRecord
+from toolkeeper.audit import CallStatus, ExecutionRecord
 from toolkeeper.common import canonical_json, printable, sha256_hex
 from toolkeeper.engine.calls import ANSWER_EXCERPT, CallContext, CallState, Outcome
 from toolkeeper.engine.discovery import Discovery
@@ -28,7 +29,7 @@ from toolkeeper.engine.loop import Engine
 from toolkeeper.engine.types import ToolCall, TurnContext
 from toolkeeper.policy import Consent, Decision
 from toolkeeper.runners import McpConnection, McpServerError, McpServers, McpServerTimeout
-from toolkeeper.store import Store, StoreError
+from toolkeeper.store import Store, StoreError, definition_digest
 from toolkeeper.tools import PROXIED_PREFIX, SEARCH_TOOL, McpServerSpec, mcp_tool, tool_schema
 
 log = logging.getLogger("toolkeeper")
@@ -54,9 +55,19 @@ def tool_error(text: str) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "isError": True}
 
 
-def definition_digest(definition: dict[str, Any]) -> str:
-    """What is pinned of a server's tool: its name, description and input schema."""
-    return sha256_hex(canonical_json({key: definition.get(key) for key in ("name", "description", "inputSchema")}))
+def changed_fields(before: dict[str, Any], after: dict[str, Any], depth: int = 2) -> list[str]:
+    """The fields that differ between two definitions, named down to `depth` (`annotations.readOnlyHint`,
+    `inputSchema.properties`): what a log line can say in a few words; the diff says the rest."""
+    changed = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if old == new:
+            continue
+        if depth > 1 and isinstance(old, dict) and isinstance(new, dict):
+            changed += [f"{key}.{inner}" for inner in changed_fields(old, new, depth - 1)]
+        else:
+            changed.append(key)
+    return changed
 
 
 def definition_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
@@ -74,17 +85,20 @@ async def approve_definition(store: Store, audit: Any, server: str, tool: str, a
     if pin is None or before is None:
         return None
     diff = definition_diff(before["definition"], before["seen_definition"])
-    await audit.write("refused", _approval_record(server, tool, approver, diff))  # one event, every field
+    fields = changed_fields(before["definition"], before["seen_definition"])
+    await audit.write("refused", _approval_record(server, tool, approver, fields, diff))  # one event, every field
     log.info("MCP definition of %s %s approved by %s", printable(server), printable(tool), printable(approver))
     return pin
 
 
-def _approval_record(server: str, tool: str, approver: str, diff: str) -> ExecutionRecord:
+def _approval_record(server: str, tool: str, approver: str, fields: list[str], diff: str) -> ExecutionRecord:
     """A definition taken in force by a person, for the trail: who, and what changed."""
     record = ExecutionRecord(api="mcp", tool=f"{PROXIED_PREFIX}{server}__{tool}", runner="mcp", source="mcp",
                              status="ok", call_id=f"definition-approved:{secrets.token_hex(4)}", approver=approver,
                              consent="approved")
-    record.decided_by(Decision("allow", "pin", f"the definition the server gives now was approved by {approver}"))
+    changed = f" (changed: {', '.join(fields)})" if fields else ""
+    record.decided_by(Decision("allow", "pin", f"the definition the server gives now was approved by "
+                                               f"{approver}{changed}"))
     record.answer = diff
     return record
 
@@ -148,7 +162,7 @@ class McpDoor:
         if self._trusted.get(key) == seen:
             return None
         try:
-            pin = await self.store.see_definition(spec.name, tool["name"], seen, tool)
+            pin = await self.store.see_definition(spec.name, tool["name"], tool)
         except StoreError as exc:
             return f"toolkeeper could not check its pinned definition ({exc})"
         if not pin["changed"]:
@@ -157,7 +171,8 @@ class McpDoor:
         if (spec.name, tool["name"], pin["seen_digest"]) not in self._reported:
             self._reported.add((spec.name, tool["name"], pin["seen_digest"]))
             await self._report_change(spec, pin)
-        return (f"its definition changed since it was approved; an administrator must review the change "
+        fields = ", ".join(changed_fields(pin["definition"], pin["seen_definition"]))
+        return (f"its definition changed since it was approved ({fields}); an administrator must review the change "
                 f"(toolkeeper mcp approve {spec.name} {tool['name']})")
 
     async def _report_change(self, spec: McpServerSpec, pin: dict[str, Any]) -> None:
@@ -166,11 +181,12 @@ class McpDoor:
         record = ExecutionRecord(agent="", api="mcp", tool=spec.proxied_name(pin["tool"]), runner="mcp",
                                  source="mcp", status="withheld", call_id=f"definition:{pin['seen_digest'][:16]}",
                                  policy_revision=self.handler.policy.revision)
-        record.decided_by(Decision("deny", "pin", "the tool's definition changed since it was approved: withheld "
-                                                  f"until `toolkeeper mcp approve {spec.name} {pin['tool']}`"))
+        fields = ", ".join(changed_fields(pin["definition"], pin["seen_definition"]))
+        record.decided_by(Decision("deny", "pin", f"the tool's definition changed since it was approved ({fields}): "
+                                                  f"withheld until `toolkeeper mcp approve {spec.name} {pin['tool']}`"))
         record.answer = diff
-        log.warning("MCP server %s changed the definition of %s: withheld until approved", spec.name,
-                    printable(pin["tool"]))
+        log.warning("MCP server %s changed the definition of %s (%s): withheld until approved", spec.name,
+                    printable(pin["tool"]), printable(fields))
         await self.handler.settle(record, Outcome(diff))
 
     # -- tools/call -------------------------------------------------------------------------
@@ -195,29 +211,42 @@ class McpDoor:
         return {"content": [{"type": "text", "text": outcome.answer}], "isError": outcome.status != "ok"}
 
     async def _proxied(self, session: McpSession, name: str, arguments: Any) -> dict[str, Any]:
-        try:
-            found = await self._server_tool(name)
-        except McpServerError as exc:
-            return tool_error(f"Not run: {exc}.")
-        if found is None:
-            return tool_error(f"Unknown tool {name!r}: no MCP server toolkeeper serves has it.")
-        connection, tool = found
         turn = session.turn()
         values = arguments if isinstance(arguments, dict) else {}
         record = ExecutionRecord(request_id=turn.request_id, agent=turn.agent, api="mcp", tool=name, runner="mcp",
                                  call_id=f"mcp_{secrets.token_hex(6)}", arguments_sent=arguments, arguments=values,
                                  source="mcp", status="denied", policy_revision=self.handler.policy.revision,
                                  agent_revision=self.engine.agent.revision or None)
+        answer = await self._proxied_answer(name, values, record, turn)
+        if turn.trace is not None:  # tracing on: the call's span, under its request's
+            turn.trace.tool(record)
+        return answer
+
+    async def _proxied_answer(self, name: str, values: dict[str, Any], record: ExecutionRecord,
+                              turn: TurnContext) -> dict[str, Any]:
+        try:
+            found = await self._server_tool(name)
+        except McpServerError as exc:
+            return await self._unreached(record, "failed", f"Not run: {exc}.")
+        if found is None:
+            return await self._unreached(record, "invalid",
+                                         f"Unknown tool {name!r}: no MCP server toolkeeper serves has it.")
+        connection, tool = found
         refused = await self._decide(connection, tool, record, turn)
         if refused is not None:
             record.answer = refused
             await self.handler.settle(record, Outcome(refused))
-            answer = tool_error(refused)
-        else:
-            answer = await self._send(connection, tool["name"], values, record)
-        if turn.trace is not None:  # tracing on: the call's span, under its request's
-            turn.trace.tool(record)
-        return answer
+            return tool_error(refused)
+        return await self._send(connection, tool["name"], values, record)
+
+    async def _unreached(self, record: ExecutionRecord, status: CallStatus, answer: str) -> dict[str, Any]:
+        """A call that reached no server's tool (there is no such tool, or its server would not start): recorded
+        all the same, since a client probing for tools, or calling one it cannot reach, is worth seeing."""
+        record.status = status
+        record.decided_by(Decision("deny", "toolkeeper", answer))
+        record.answer = answer
+        await self.handler.settle(record, Outcome(answer))
+        return tool_error(answer)
 
     async def _server_tool(self, name: str) -> tuple[McpConnection, dict[str, Any]] | None:
         server, _, tool = name[len(PROXIED_PREFIX):].partition("__")
@@ -253,9 +282,12 @@ class McpDoor:
 
     async def _send(self, connection: McpConnection, tool: str, values: dict[str, Any],
                     record: ExecutionRecord) -> dict[str, Any]:
+        started = time.monotonic()
         try:
             answer = await connection.call(tool, values)
         except McpServerError as exc:
+            # how long it was waited for: a call that hung until its timeout took that long
+            record.duration_ms = round((time.monotonic() - started) * 1000, 3)
             record.status = "timeout" if isinstance(exc, McpServerTimeout) else "failed"
             record.answer = f"Not completed: {exc}."
             await self.handler.settle(record, Outcome(record.answer, ran=True, detail=str(exc)))

@@ -29,6 +29,7 @@ IMPORTERS: dict[str, Callable[..., ImportResult]] = {
     "gemini-cli": import_gemini_cli,
 }
 IMPORT_FORMATS = tuple(IMPORTERS)
+MAX_INPUT_BYTES = 1 << 20  # a permission config is a few kilobytes
 # the agent file the scenarios load: the imported rules name only the agent's own tools, so it declares none
 IMPORT_AGENT_FILE = ("# The agent file of imported rules' scenarios: the rules name only the agent's own tools\n"
                      "# (source: agent), so it declares none.\ntools: []\n")
@@ -39,19 +40,37 @@ __all__ = ["IMPORT_AGENT_FILE", "IMPORT_FORMATS", "ImportResult", "PolicyImportE
 
 def import_policy(kind: str, path: str | Path, *, project_dir: str | Path | None = None) -> ImportResult:
     """Read one file of another agent's permission config (`kind`: claude-code, codex, gemini-cli) and translate
-    it; `project_dir` is Claude Code's project folder, where its `/path` and `./path` rules point."""
+    it; `project_dir` is Claude Code's project folder, where its `/path` and `./path` rules point. Whatever the
+    file holds, it is translated or refused with a PolicyImportError, never anything else."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyImportError(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise PolicyImportError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    if kind == "claude-code":
-        return import_claude_code(text, path, Path(project_dir).resolve() if project_dir else None)
     if kind not in IMPORTERS:
         raise PolicyImportError(f"unknown format {kind!r} (known: {', '.join(IMPORT_FORMATS)})")
-    return IMPORTERS[kind](text, path)
+    text = _read(path)
+    try:
+        if kind == "claude-code":
+            return import_claude_code(text, path, Path(project_dir).resolve() if project_dir else None)
+        return IMPORTERS[kind](text, path)
+    except (RecursionError, MemoryError):
+        # Python's parsers (ast, json, tomllib) recurse into what the file nests, and give up on a chain or a
+        # nesting deeper than their stack: a config nests a few levels, so such a file is refused, said.
+        raise PolicyImportError(f"{path}: nested too deeply to be read (a permission config nests a few levels: "
+                                "this is not one)") from None
+
+
+def _read(path: Path) -> str:
+    """The file's text, refused past MAX_INPUT_BYTES: what is read is bounded before any parser sees it."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_INPUT_BYTES + 1)
+    except OSError as exc:
+        raise PolicyImportError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise PolicyImportError(f"{path}: larger than {MAX_INPUT_BYTES // 1024} KiB, more than any permission "
+                                "config holds: not read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PolicyImportError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def render_rules(result: ImportResult, *, kind: str, source: str | Path, shadow: bool = False) -> str:

@@ -10,6 +10,7 @@ is); so `toolkeeper policy test` checks the translation against the original.
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from collections.abc import Callable
@@ -25,6 +26,12 @@ COMMAND_END = r"(?:\s*$|\s*[;&|)`\n])"
 NO_OPERATOR = r"[^;&|`$()<>\n]*"  # a wildcard an allow may not stretch across another command
 
 
+# What one import may make: a config holds tens or hundreds of entries. Each example call is put to every
+# entry's reading to write the scenarios, so the work grows as their product: both are bounded.
+MAX_RULES = 2000
+MAX_EXAMPLES = 4000
+
+
 class PolicyImportError(Exception):
     """The input cannot be read or is not valid in its own format; the message names the file and line."""
 
@@ -34,6 +41,10 @@ class Imported:
     rule: dict[str, Any]
     matches: Callable[[Call], bool]  # the source agent's reading: does its entry apply to this call
     examples: list[tuple[Call, bool]] = field(default_factory=list)  # (call, whether the entry matches it)
+    tools: frozenset[str] | None = None  # the only tools `matches` can hold for, when its reading says (else any)
+
+    def may_match(self, call: Call) -> bool:
+        return (self.tools is None or call["tool"] in self.tools) and self.matches(call)
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,7 @@ class Translation:
         self.imported: list[Imported] = []
         self.warnings: list[str] = []
         self._ids: set[str] = set()
+        self._examples = 0
 
     def rule_id(self, *parts: str) -> str:
         """`claude-deny-bash-rm`: readable, stable for the same input, unique in the file."""
@@ -70,8 +82,13 @@ class Translation:
         return f"{self.source.name}:{line} {entry}" if line else f"{self.source.name} {entry}"
 
     def add(self, rule: dict[str, Any], matches: Callable[[Call], bool],
-            examples: list[tuple[Call, bool]] | None = None) -> None:
-        self.imported.append(Imported(rule, matches, examples or []))
+            examples: list[tuple[Call, bool]] | None = None, *, tools: frozenset[str] | None = None) -> None:
+        examples = examples or []
+        self._examples += len(examples)
+        if len(self.imported) >= MAX_RULES or self._examples > MAX_EXAMPLES:
+            raise PolicyImportError(f"{self.source}: more than {MAX_RULES} rules or {MAX_EXAMPLES} examples to "
+                                    "make, more than a permission config holds: split it, or import its parts")
+        self.imported.append(Imported(rule, matches, examples, tools))
 
     def result(self) -> ImportResult:
         return ImportResult([item.rule for item in self.imported], scenarios(self.imported), self.warnings)
@@ -100,17 +117,29 @@ def agent_call(tool: str, arguments: dict[str, Any], kind: str | None = None) ->
     return call
 
 
-def shell_words(text: str) -> list[str] | None:
+# The scenarios put every example to every entry's reading: the same command lines are split again and again.
+@functools.lru_cache(maxsize=4096)
+def _split(text: str) -> tuple[str, ...] | None:
     try:
-        return shlex.split(text)
+        return tuple(shlex.split(text))
     except ValueError:
         return None
+
+
+def shell_words(text: str) -> list[str] | None:
+    words = _split(text)
+    return None if words is None else list(words)
+
+
+@functools.lru_cache(maxsize=4096)
+def _simple_commands(command: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in re.split(r"&&|\|\||[;|\n]", command) if part.strip())
 
 
 def simple_commands(command: str) -> list[str]:
     """A command line cut at ;, &&, ||, | and newlines: how the source agents read a compound command, for the
     examples (which are plain commands; a full shell parse is toolkeeper's own, in `runs:`)."""
-    return [part.strip() for part in re.split(r"&&|\|\||[;|\n]", command) if part.strip()]
+    return list(_simple_commands(command))
 
 
 def each_command(command: Any, effect: str, test: Callable[[str], bool]) -> bool:
@@ -147,7 +176,7 @@ def scenarios(imported: list[Imported]) -> list[dict[str, Any]]:
     found = []
     for item in imported:
         for number, (call, matched) in enumerate(item.examples, start=1):
-            deciding = [other for other in imported if other.matches(call)]
+            deciding = [other for other in imported if other.may_match(call)]
             if matched != (item in deciding):
                 continue  # the example does not show this entry as its source reads it: not a test of it
             effect = max((other.rule["effect"] for other in deciding), key=RANK.__getitem__, default="allow")

@@ -15,12 +15,13 @@ does not know where Claude Code started); a folder, or a folder's `**`, is
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import json
 import posixpath
 import re
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote
 
 from toolkeeper.policy.imports_base import (
     Call,
@@ -111,7 +112,7 @@ def _entry(out: Translation, effect: str, entry: str, where: str, base: str) -> 
     elif tool in PATH_TOOLS:
         _paths(out, effect, tool, spec, reason, where, base)
     elif tool == "WebFetch" and spec.startswith("domain:"):
-        _domain(out, effect, spec.removeprefix("domain:").strip(), reason)
+        _domain(out, effect, spec.removeprefix("domain:").strip(), reason, where)
     else:
         out.warn(where, f"toolkeeper has no translation for {tool}'s specifier ({spec}): not translated")
 
@@ -251,17 +252,99 @@ def _path_match(tools: list[str], argument: str, full: re.Pattern[str]):
     return matches
 
 
-def _domain(out: Translation, effect: str, domain: str, reason: str) -> None:
+def _domain(out: Translation, effect: str, domain: str, reason: str, where: str) -> None:
+    """`domain:HOST` (`domain:*.HOST`: its subdomains). Claude Code compares HOST with `new URL(url).hostname`,
+    the host as a WHATWG URL parser writes it (lower case, in ASCII); the rule's regular expression reads the URL
+    as that parser does, and a deny or an ask also holds where a regular expression cannot tell the host (see
+    _host_regex)."""
     sub = domain.startswith("*.")
-    host = domain.removeprefix("*.").lower()
-    subdomain = r"(?:[^/?#@:]+\.)" if sub else ""
-    regex = rf"(?i)^https?://(?:[^/?#@]*@)?{subdomain}{re.escape(host)}(?::\d+)?(?:[/?#]|$)"
+    written = domain.removeprefix("*.")
+    host = _ascii_host(written)
+    if host is None:
+        out.warn(where, "not a host name a URL can hold: not translated")
+        return
+    if effect == "allow" and host != written:
+        out.warn(where, f"Claude Code compares it with the host as its URL parser writes it ({host}), which never "
+                        "reads so: this allow allows nothing there, and is not translated")
+        return
+    regex = _host_regex(host, sub, restricts=effect != "allow")
     rule = make_rule(out.rule_id(effect, "webfetch", domain), effect, reason, "WebFetch", {"url": {"matches": regex}})
 
     def matches(call: Call) -> bool:
         url = (call.get("arguments") or {}).get("url")
-        name = (urlsplit(url).hostname or "") if isinstance(url, str) else ""
-        return call["tool"] == "WebFetch" and (name.endswith("." + host) if sub else name == host)
+        name = whatwg_hostname(url) if isinstance(url, str) else None
+        return call["tool"] == "WebFetch" and name is not None and (name.endswith("." + host) if sub else
+                                                                    name == host)
 
     example = f"https://{'www.' if sub else ''}{host}/"
     out.add(rule, matches, [(agent_call("WebFetch", {"url": example}), True)])
+
+
+# How a WHATWG URL parser reads an http(s) URL's host: after the scheme and any run of `/` or `\`, the authority
+# runs to the first `/`, `\`, `?` or `#`; the userinfo ends at its last `@`; a `:` and digits (maybe none) are the
+# port. Before all that, the parser drops every tab and line break, and spaces and controls at either end.
+_SCHEME = r"[\x00-\x20]*[a-z][a-z0-9+.-]*:[/\\]*"
+_USERINFO = r"(?:[^/\\?#]*@)?"
+_PORT = r"(?::[0-9]*)?"
+_AUTHORITY_END = r"(?=[/\\?#]|[\x00-\x20]*\Z)"
+_IN_HOST = r"[^/\\?#@]*"  # the host's characters, its port's too: no `@` can follow the userinfo's last
+# a `%`-escape or a character beyond ASCII; matched case-sensitively, as with (?i) a range of them holds the
+# Kelvin sign and the long s, which fold to k and s
+_DECODED = r"(?-i:[%\x80-\U0010ffff])"
+
+
+def _host_regex(host: str, sub: bool, *, restricts: bool) -> str:
+    """A regular expression on a URL that holds when its host is `host` (`sub`: a subdomain of it).
+
+    An allow holds only for a URL that names the host plainly (`http(s)://`, ASCII, no escapes). A deny or an ask
+    holds for every spelling the parser reads as the host (any scheme, slashes or none, backslashes, a userinfo,
+    an empty port, a trailing dot, upper case), and for what a regular expression cannot read: a tab or line
+    break anywhere (the parser drops them, so a host may be written across one), a host with a `%`-escape or a
+    character beyond ASCII (the parser decodes and maps them: `ex%61mple.com`, and the same in fullwidth
+    letters, are example.com), and for an IP address, any host the parser would read as a number (`2130706433`
+    is 127.0.0.1).
+    """
+    name = re.escape(host)
+    if not restricts:
+        labels = r"(?:[a-z0-9_-]+\.)+" if sub else ""
+        return rf"(?i)^https?://{_USERINFO}{labels}{name}{_PORT}(?:[/\\?#]|\Z)"
+    labels = r"(?:[^/\\?#@:]*\.)" if sub else ""
+    hosts = [rf"{labels}{name}\.?{_PORT}", rf"{_IN_HOST}{_DECODED}{_IN_HOST}"]
+    if _is_ip_address(host):
+        hosts.append(rf"(?:\[[^\]]*\]|(?:[^/\\?#@:]*\.)?(?:0x[0-9a-f]*|[0-9]+)\.?){_PORT}")
+    return rf"(?i)^(?:[^\t\n\r]*[\t\n\r]|{_SCHEME}{_USERINFO}(?:{'|'.join(hosts)}){_AUTHORITY_END})"
+
+
+def _ascii_host(host: str) -> str | None:
+    """A host name as a URL parser writes it: lower case, an international name in ASCII (`xn--`)."""
+    separators = "/\\?#@% " if host.startswith("[") else "/\\?#@:% "  # an IPv6 address holds colons
+    if not host or any(char in host for char in separators):
+        return None
+    try:
+        return host.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        return None
+
+
+def _is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def whatwg_hostname(url: str) -> str | None:
+    """The host of an http(s) URL as a WHATWG URL parser reads it (Claude Code's `new URL(url).hostname`), close
+    enough for the scenarios' examples: None when it is not such a URL."""
+    url = re.sub(r"[\t\n\r]", "", url.strip("".join(map(chr, range(0x21)))))
+    scheme, colon, rest = url.partition(":")
+    if not colon or scheme.lower() not in ("http", "https"):
+        return None
+    authority = re.split(r"[/\\?#]", rest.lstrip("/\\"), maxsplit=1)[0]
+    host = authority.rpartition("@")[2]
+    host = host if host.startswith("[") else host.partition(":")[0]
+    try:
+        return unquote(host).encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        return None

@@ -6,9 +6,12 @@
 The file is parsed, never executed: Python's `ast` reads this subset of
 Starlark (calls with literal strings and lists, comments); anything else is an
 error naming its line. A pattern's alternatives are expanded into prefixes
-(`[[git, push], [git, fetch]]`); `allow`, `prompt`, `forbidden` are allow, ask,
-deny. Codex's shell reaches toolkeeper as four tools, each holding the command
-in its own argument, so each prefix_rule becomes one rule per tool:
+(`[[git, push], [git, fetch]]`), at most MAX_PREFIXES of them for a rule and
+MAX_FILE_PREFIXES for the file: a pattern whose alternatives multiply past
+that (a dozen at each of nine places is five billion) is refused, said.
+`allow`, `prompt`, `forbidden` are allow, ask, deny. Codex's shell reaches
+toolkeeper as four tools, each holding the command in its own argument, so
+each prefix_rule becomes one rule per tool:
 `exec_command` (`cmd`), `shell_command` (`command`), `shell` (the Responses
 built-in: `action.commands`) and `local_shell` (`action.command`, an argv).
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import ast
 import itertools
 import json
+import math
 import shlex
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,8 @@ from toolkeeper.policy.imports_base import (
 )
 
 DECISIONS = {"allow": "allow", "prompt": "ask", "forbidden": "deny"}
+MAX_PREFIXES = 256  # the prefixes one prefix_rule's alternatives make, multiplied out
+MAX_FILE_PREFIXES = 4096  # and those of all the file's rules: each is written four times, once per shell tool
 PARAMETERS = {"prefix_rule": ("pattern", "decision", "match", "not_match", "justification"),
               "host_executable": ("name", "paths"),
               "network_rule": ("host", "protocol", "decision", "justification")}
@@ -54,15 +60,16 @@ def import_codex(text: str, source: Path) -> ImportResult:
     """The prefix rules of a Codex execpolicy file as rules, one per Codex shell tool."""
     try:
         tree = ast.parse(text, filename=str(source))
-    except SyntaxError as exc:
-        raise PolicyImportError(f"{source}:{exc.lineno}: not valid Starlark: {exc.msg}") from None
+    except (SyntaxError, ValueError) as exc:  # ValueError: a NUL byte
+        line = f":{exc.lineno}" if getattr(exc, "lineno", None) else ""
+        raise PolicyImportError(f"{source}{line}: not valid Starlark: {getattr(exc, 'msg', None) or exc}") from None
     out = Translation(source, "codex")
-    number = 0
+    number, prefixes = 0, 0
     for statement in tree.body:
         name, values = _call(statement, source)
         if name == "prefix_rule":
             number += 1
-            _prefix_rule(out, number, values, statement.lineno)
+            prefixes += _prefix_rule(out, number, values, statement.lineno, MAX_FILE_PREFIXES - prefixes)
         else:
             shown = ", ".join(f"{key} = {json.dumps(value)}" for key, value in values.items())
             out.warn(out.where(statement.lineno, f"{name}({shown})"), NOT_TRANSLATED[name])
@@ -107,9 +114,11 @@ def _literal(node: ast.expr, source: Path) -> Any:
                             f"not executed); this is {ast.unparse(node)[:60]}")
 
 
-def _prefix_rule(out: Translation, number: int, values: dict[str, Any], line: int) -> None:
+def _prefix_rule(out: Translation, number: int, values: dict[str, Any], line: int, room: int) -> int:
+    """The rules of one prefix_rule, one per shell tool; the number of prefixes they hold (at most `room`)."""
     where = f"{out.source}:{line}: prefix_rule()"
     alternatives = _pattern(values.get("pattern"), where)
+    _bound_expansion(alternatives, where, room)
     decision = values.get("decision") or "allow"
     if decision not in DECISIONS:
         raise PolicyImportError(f"{where}: decision must be allow, prompt or forbidden (got {decision!r})")
@@ -130,7 +139,22 @@ def _prefix_rule(out: Translation, number: int, values: dict[str, Any], line: in
         rule = make_rule(out.rule_id(str(number), name, suffix), effect, reason, tool,
                          {argument: prefixes_test(prefixes)})
         out.add(rule, _matches(tool, argument, alternatives, effect),
-                [(_example(tool, kind, argument, words), matched) for words, matched in examples])
+                [(_example(tool, kind, argument, words), matched) for words, matched in examples],
+                tools=frozenset({tool}))
+    return len(prefixes)
+
+
+def _bound_expansion(alternatives: list[list[str]], where: str, room: int) -> None:
+    """Refuse a pattern whose alternatives multiply past the bounds, counted before anything is expanded."""
+    count = math.prod(len(options) for options in alternatives)
+    if count <= min(MAX_PREFIXES, room):
+        return
+    sizes = " x ".join(str(len(options)) for options in alternatives if len(options) > 1)
+    limit = (f"at most {MAX_PREFIXES} for one rule" if count > MAX_PREFIXES else
+             f"at most {MAX_FILE_PREFIXES} for the whole file, and the rules before it hold "
+             f"{MAX_FILE_PREFIXES - room}")
+    raise PolicyImportError(f"{where}: its pattern's alternatives ({sizes}) make {count:,} prefixes; toolkeeper "
+                            f"writes {limit}: list fewer alternatives, or split the rule")
 
 
 def _pattern(pattern: Any, where: str) -> list[list[str]]:

@@ -97,6 +97,15 @@ class Policy:
             text += f", OPA {self.opa.url}/v1/data/{self.opa.path}"
         return text
 
+    def tools_named(self, prefix: str) -> set[str]:
+        """What follows `prefix` in the tools the YAML rules name one by one (a tool glob without a wildcard):
+        for an offer that can switch a server's tools on and off by name (Anthropic's MCP toolset), the tools a
+        rule is about. OPA's rules cannot be read so: they decide the server's other tools as a whole."""
+        globs = [glob for rule in (self.rules.rules if self.rules else ())
+                 for glob in ((rule.when.tool,) if isinstance(rule.when.tool, str) else rule.when.tool or ())]
+        return {glob[len(prefix):] for glob in globs
+                if glob.startswith(prefix) and len(glob) > len(prefix) and not any(c in glob for c in "*?[")}
+
     def denied_outright(self, document: dict[str, Any]) -> Decision | None:
         """The YAML rules' deny of a tool whatever its arguments (a rule testing none): such a tool is not even
         offered. OPA, and the rules that test arguments, decide each call."""

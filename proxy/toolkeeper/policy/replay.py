@@ -8,6 +8,15 @@ was: an ask is an ask even when a person then approved it. Calls no policy
 decided (an invalid call, one the loop detector stopped, a definition change
 withheld) are counted and left out. OPA is not asked again: a deployment that
 decides with OPA replays its YAML candidate beside the recorded OPA outcome.
+
+The trail's policy input is redacted: a secret-named argument reads
+`[redacted]`, and a secret's text is erased from the argv. A candidate rule
+that tests such a value cannot be judged from the trail; "no change" would be
+a guess. Such a rule is left out of the decision, and when it could have made
+the outcome stricter (it matches but for the values it cannot read), the
+call is reported apart: it cannot be judged from the trail, with the
+outcomes it may have, the rules and the values. It is never counted as
+unchanged.
 """
 
 from __future__ import annotations
@@ -18,12 +27,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from toolkeeper.audit import REDACTED
 from toolkeeper.policy.decision import Decision
 from toolkeeper.policy.policy import Policy
-from toolkeeper.policy.rules import Rules
+from toolkeeper.policy.rules import Rule, Rules, RulesFile
 
 POLICY_SOURCES = ("rules", "opa", "tier", "yolo", "default", "policy", "consent")  # a policy decided these
 RESTRICTS = ("deny", "ask")
+STRICTNESS = ("allow", "ask", "deny")  # the least strict first, as the most restrictive wins
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,33 @@ class Change:
                 "candidate": {"effect": self.candidate, "rule": self.candidate_rule, "reason": self.reason}}
 
 
+@dataclass(frozen=True)
+class Unjudged:
+    """One call the candidate cannot be judged on from the trail: a rule tests a value the trail redacted."""
+
+    record_id: str
+    time: float
+    tool: str
+    source: str
+    agent: str
+    current: str  # allow | deny | ask, as recorded
+    current_rule: str | None
+    outcomes: tuple[str, ...]  # what the candidate may decide, the least strict first: ("allow", "deny")
+    rules: tuple[str, ...]  # the candidate's rules that test a redacted value
+    redacted: tuple[str, ...]  # the values they test: `arguments.api_key`, `argv`
+
+    @property
+    def may_tighten(self) -> bool:
+        """A call the current policy allowed that the candidate may deny or ask about."""
+        return self.current == "allow" and any(outcome in RESTRICTS for outcome in self.outcomes)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"record_id": self.record_id, "time": self.time, "tool": self.tool, "source": self.source,
+                "agent": self.agent, "current": {"effect": self.current, "rule": self.current_rule},
+                "candidate": {"effects": list(self.outcomes), "rules": list(self.rules)},
+                "redacted": list(self.redacted)}
+
+
 @dataclass
 class Report:
     revision: str  # the candidate's
@@ -61,21 +99,28 @@ class Report:
     shadow: Counter[tuple[str, str]] = field(default_factory=Counter)  # (rule, effect): calls a shadow rule matched
     transitions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (current, candidate): calls
     changes: list[Change] = field(default_factory=list)
+    unjudged: list[Unjudged] = field(default_factory=list)  # cannot be judged from the trail (redacted values)
 
     @property
     def tightened(self) -> int:
         return sum(1 for change in self.changes if change.tightened)
 
+    @property
+    def may_tighten(self) -> int:
+        return sum(1 for call in self.unjudged if call.may_tighten)
+
     def as_json(self) -> dict[str, Any]:
         return {"candidate_revision": self.revision, "replayed": self.replayed, "skipped": self.skipped,
                 "changed": len(self.changes), "tightened": self.tightened,
+                "unjudged": len(self.unjudged), "unjudged_may_tighten": self.may_tighten,
                 "by_rule": [{"rule": rule, "effect": effect, "calls": count}
                             for (rule, effect), count in sorted(self.by_rule.items())],
                 "shadow": [{"rule": rule, "effect": effect, "calls": count}
                            for (rule, effect), count in sorted(self.shadow.items())],
                 "transitions": [{"current": current, "candidate": candidate, "calls": count}
                                 for (current, candidate), count in sorted(self.transitions.items())],
-                "changes": [change.as_json() for change in self.changes]}
+                "changes": [change.as_json() for change in self.changes],
+                "unjudged_calls": [call.as_json() for call in self.unjudged]}
 
 
 def current_effect(record: dict[str, Any]) -> str | None:
@@ -102,11 +147,109 @@ def replay_calls(records: Iterable[dict[str, Any]], candidate: Rules) -> Report:
                 report.skipped += 1
                 continue
             yolo = bool((document.get("mode") or {}).get("yolo"))
-            decision = loop.run_until_complete(policies[yolo].decide(document))
-            _count(report, record, current, decision)
+            redacted = Redacted.of(document)
+            if redacted:
+                _replay_redacted(report, record, current, candidate, yolo, redacted, loop)
+            else:
+                _count(report, record, current, loop.run_until_complete(policies[yolo].decide(document)))
     finally:
         loop.close()
     return report
+
+
+def _replay_redacted(report: Report, record: dict[str, Any], current: str, candidate: Rules, yolo: bool,
+                     redacted: Redacted, loop: asyncio.AbstractEventLoop) -> None:
+    """A call whose policy input the trail redacted: decided by the candidate's rules that read no redacted value,
+    and reported apart when one that does could have made the outcome stricter."""
+    document = record["policy_input"]
+    blind = [rule for rule in candidate.rules if redacted.read_by(rule)]
+    decision = loop.run_until_complete(Policy(yolo, _without(candidate, blind)).decide(document))
+    stricter = [rule for rule in blind if _may_tighten(rule, decision, redacted, document)]
+    if stricter:
+        report.replayed += 1
+        report.unjudged.append(_unjudged(record, current, decision, stricter, redacted))
+    else:
+        _count(report, record, current, decision)
+
+
+@dataclass(frozen=True)
+class Redacted:
+    """What of a policy input the trail redacted: argument paths (`headers.authorization`), and the argv."""
+
+    arguments: tuple[str, ...]
+    argv: bool
+
+    @classmethod
+    def of(cls, document: dict[str, Any]) -> Redacted:
+        arguments = document.get("arguments")
+        paths = tuple(_redacted_paths(arguments, "")) if isinstance(arguments, dict) else ()
+        return cls(paths, any(REDACTED in entry for entry in document.get("argv") or () if isinstance(entry, str)))
+
+    def __bool__(self) -> bool:
+        return bool(self.arguments) or self.argv
+
+    def hidden_from(self, name: str) -> list[str]:
+        """The redacted values a rule's test of argument `name` (dotted) reads: the value itself, values inside
+        it, or the redacted value it lies inside."""
+        return [path for path in self.arguments
+                if path == name or path.startswith((name + ".", name + "[")) or name.startswith(path + ".")]
+
+    def read_by(self, rule: Rule) -> bool:
+        return any(self.hidden_from(name) for name in rule.when.arguments) or (self.argv and
+                                                                                rule.when.argv is not None)
+
+    def read_by_all(self, rules: list[Rule]) -> tuple[str, ...]:
+        """The redacted values these rules read, as the record names them (`arguments.api_key`, `argv`)."""
+        read = [f"arguments.{path}" for rule in rules for name in rule.when.arguments
+                for path in self.hidden_from(name)]
+        if self.argv and any(rule.when.argv is not None for rule in rules):
+            read.append("argv")
+        return tuple(dict.fromkeys(read))
+
+    def matches_but_for_them(self, rule: Rule, document: dict[str, Any]) -> bool:
+        """The rule holds when the tests it cannot read are taken to hold: it may match this call."""
+        readable = rule.when.model_copy(update={
+            "arguments": {name: test for name, test in rule.when.arguments.items() if not self.hidden_from(name)},
+            "argv": None if self.argv else rule.when.argv})
+        return readable.holds(document, restricts=rule.effect != "allow")
+
+
+def _redacted_paths(value: Any, path: str) -> Iterable[str]:
+    """The paths under `value` whose values read `[redacted]`."""
+    if isinstance(value, dict):
+        for name, member in value.items():
+            yield from _redacted_paths(member, f"{path}.{name}" if path else str(name))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _redacted_paths(item, f"{path}[{index}]")
+    elif value == REDACTED:
+        yield path
+
+
+def _without(candidate: Rules, left_out: list[Rule]) -> Rules:
+    """The candidate without the rules it cannot read on this call (already validated: not checked again)."""
+    ids = {rule.id for rule in left_out}
+    kept = tuple(rule for rule in candidate.rules if rule.id not in ids)
+    return Rules(candidate.path, RulesFile.model_construct(rules=kept), candidate.revision)
+
+
+def _may_tighten(rule: Rule, readable: Decision, redacted: Redacted, document: dict[str, Any]) -> bool:
+    """A rule the trail cannot judge could make the decision stricter than what the candidate decides on what it
+    can read (the most restrictive wins: an allow rule, or a shadow one, never changes the outcome)."""
+    return rule.mode == "enforce" and _strictness(rule.effect) > _strictness(readable.effect) \
+        and redacted.matches_but_for_them(rule, document)
+
+
+def _strictness(effect: str) -> int:
+    return STRICTNESS.index(effect)
+
+
+def _unjudged(record: dict[str, Any], current: str, readable: Decision, stricter: list[Rule],
+              redacted: Redacted) -> Unjudged:
+    outcomes = sorted({readable.effect, *(rule.effect for rule in stricter)}, key=_strictness)
+    return Unjudged(record["record_id"], record.get("time", 0.0), record.get("tool", ""), record.get("source", ""),
+                    record.get("agent", ""), current, record.get("decision_rule"), tuple(outcomes),
+                    tuple(rule.id for rule in stricter), redacted.read_by_all(stricter))
 
 
 class Trail(Protocol):
@@ -147,6 +290,10 @@ def text_report(report: Report, limit: int | None = None) -> str:
              f"{report.skipped} no policy decided were left out",
              f"{len(report.changes)} would change, {report.tightened} of them allowed now and denied or asked "
              "under the candidate"]
+    if report.unjudged:
+        lines.append(f"{len(report.unjudged)} cannot be judged from the trail (a candidate rule tests a value the "
+                     f"trail redacted), {report.may_tighten} of them allowed now and maybe denied or asked under "
+                     "the candidate")
     if report.transitions:
         lines.append("\noutcomes (now -> candidate):")
         lines += [f"  {current:5} -> {candidate:5} {count}" for (current, candidate), count
@@ -165,4 +312,13 @@ def text_report(report: Report, limit: int | None = None) -> str:
             lines.append(f"  {change.record_id[:12]} {change.tool} [{change.source}]: {now} -> {then}")
         if limit is not None and len(report.changes) > limit:
             lines.append(f"  ... and {len(report.changes) - limit} more (--format json lists them all)")
+    if report.unjudged:
+        lines.append("\ncalls that cannot be judged from the trail:")
+        for call in report.unjudged[:limit]:
+            now = call.current + (f" ({call.current_rule})" if call.current_rule else "")
+            lines.append(f"  {call.record_id[:12]} {call.tool} [{call.source}]: {now} -> "
+                         f"{' or '.join(call.outcomes)}? ({', '.join(call.rules)} tests {', '.join(call.redacted)}, "
+                         "redacted)")
+        if limit is not None and len(report.unjudged) > limit:
+            lines.append(f"  ... and {len(report.unjudged) - limit} more (--format json lists them all)")
     return "\n".join(lines)

@@ -7,7 +7,8 @@ rejects, with the 400 the real API gives, what a proxy must never send: a
 `tool_use` without its `tool_result` in the next user message, a
 `tool_result` for no `tool_use` before it, a `tool_result` after other
 content in its message, a thinking block whose text no longer matches its
-signature.
+signature; and the MCP connector's current form (`mcp_toolset` tools, beta
+`mcp-client-2025-11-20`) where it breaks the API's rules on it.
 """
 
 from __future__ import annotations
@@ -26,8 +27,13 @@ def signature(thinking: str) -> str:
     return "sig-" + hashlib.sha256(thinking.encode()).hexdigest()[:24]
 
 
-def check(body: dict[str, Any]) -> None:
-    """The real API's rules on a conversation's tool calls, results and thinking."""
+MCP_TOOLSET_BETA = "mcp-client-2025-11-20"
+MCP_TOOL_CONFIG_KEYS = ("enabled", "defer_loading")
+
+
+def check(body: dict[str, Any], beta: str = "") -> None:
+    """The real API's rules on a conversation's tool calls, results and thinking, and on its MCP toolsets."""
+    check_mcp_toolsets(body, beta)
     messages = body.get("messages") or []
     for position, message in enumerate(messages):
         content = message.get("content") if isinstance(message.get("content"), list) else []
@@ -59,6 +65,52 @@ def check(body: dict[str, Any]) -> None:
                     raise _rejected(f"messages.{position}.content: unexpected `tool_use_id` found in "
                                     f"`tool_result` blocks: {block.get('tool_use_id')}. Each `tool_result` block "
                                     "must have a corresponding `tool_use` block in the previous message.")
+
+
+def check_mcp_toolsets(body: dict[str, Any], beta: str) -> None:
+    """The MCP connector as `mcp-client-2025-11-20` has it: each `mcp_servers` entry ({type: url, url, name,
+    authorization_token?}, no `tool_configuration` any more) named by exactly one `mcp_toolset` tool
+    ({type, mcp_server_name, default_config?, configs?: {tool: {enabled?, defer_loading?}}, cache_control?})."""
+    toolsets = [(position, tool) for position, tool in enumerate(body.get("tools") or [])
+                if isinstance(tool, dict) and tool.get("type") == "mcp_toolset"]
+    servers = [server.get("name") for server in body.get("mcp_servers") or [] if isinstance(server, dict)]
+    if not toolsets:
+        return
+    if MCP_TOOLSET_BETA not in [part.strip() for part in beta.split(",")]:
+        raise _rejected(f"tools.{toolsets[0][0]}.type: 'mcp_toolset' requires the beta header {MCP_TOOLSET_BETA}")
+    for position, server in enumerate(body.get("mcp_servers") or []):
+        if isinstance(server, dict) and "tool_configuration" in server:
+            raise _rejected(f"mcp_servers.{position}.tool_configuration: Extra inputs are not permitted (with "
+                            f"{MCP_TOOLSET_BETA}, configure a server's tools in its mcp_toolset)")
+    named: list[str] = []
+    for position, toolset in toolsets:
+        _check_toolset(position, toolset, servers)
+        named.append(toolset["mcp_server_name"])
+    for name in servers:
+        if named.count(name) != 1:
+            raise _rejected(f"mcp_servers: the MCP server '{name}' must be referenced by exactly one mcp_toolset "
+                            f"(it is by {named.count(name)})")
+
+
+def _check_toolset(position: int, toolset: dict[str, Any], servers: list[Any]) -> None:
+    where = f"tools.{position}"
+    extra = set(toolset) - {"type", "mcp_server_name", "default_config", "configs", "cache_control"}
+    if extra:
+        raise _rejected(f"{where}.{sorted(extra)[0]}: Extra inputs are not permitted")
+    name = toolset.get("mcp_server_name")
+    if not isinstance(name, str) or not name:
+        raise _rejected(f"{where}.mcp_server_name: Field required")
+    if name not in servers:
+        raise _rejected(f"{where}.mcp_server_name: '{name}' does not name a server in mcp_servers")
+    configs = toolset.get("configs") or {}
+    if not isinstance(configs, dict):
+        raise _rejected(f"{where}.configs: Input should be a valid dictionary")
+    for key, config in [("default_config", toolset.get("default_config") or {}),
+                        *((f"configs.{tool}", value) for tool, value in configs.items())]:
+        if not isinstance(config, dict) or set(config) - set(MCP_TOOL_CONFIG_KEYS) or not all(
+                isinstance(value, bool) for value in config.values()):
+            raise _rejected(f"{where}.{key}: an object whose keys are among {', '.join(MCP_TOOL_CONFIG_KEYS)}, "
+                            "each true or false")
 
 
 def _results(message: dict[str, Any]) -> list[str]:

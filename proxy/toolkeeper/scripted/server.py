@@ -170,7 +170,7 @@ class ScriptedModel:
         self.requests.append({"body": body, "headers": {str(k): v for k, v in request.headers.items()},
                               "query": request.query_string})
         try:
-            check_messages(body)
+            check_messages(body, request.headers.get("anthropic-beta", ""))
         except Rejected as exc:
             return web.json_response(exc.body, status=400)
         step = self._next_step(body) if self.steps else {"status": 500}

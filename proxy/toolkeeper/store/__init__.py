@@ -12,6 +12,7 @@ from pathlib import Path
 
 from toolkeeper.database import is_postgres_url
 from toolkeeper.store.base import LEASE, Claim, SQLStore, StoreError, new_id
+from toolkeeper.store.pins import definition_digest
 from toolkeeper.store.schema import VERSION, SchemaError
 from toolkeeper.store.sqlite import SQLiteStore
 
@@ -27,5 +28,5 @@ def open_store(location: str | Path) -> SQLStore:
     return SQLiteStore(location)
 
 
-__all__ = ["LEASE", "VERSION", "Claim", "SQLStore", "SQLiteStore", "SchemaError", "Store", "StoreError", "new_id",
-           "open_store"]
+__all__ = ["LEASE", "VERSION", "Claim", "SQLStore", "SQLiteStore", "SchemaError", "Store", "StoreError",
+           "definition_digest", "new_id", "open_store"]

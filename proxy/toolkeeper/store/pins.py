@@ -2,6 +2,19 @@
 
 The first definition seen of a tool is pinned; one that differs later is kept
 beside it as `seen` until a person approves it (`toolkeeper mcp approve`).
+
+A pin holds the whole definition, every field as the client receives it: MCP
+marks none of a tool's fields as volatile, and each one steers a client or a
+model (`title` and `annotations.readOnlyHint` decide what a client asks about,
+`outputSchema` and `_meta` what it does with a result).
+
+Pins written by earlier versions: their `digest` column covers the name,
+description and input schema only. It is not read: a pin's digests are taken
+again from the definitions kept beside them, which have always been whole (the
+definition as first seen or approved). So an earlier pin covers every field
+from the upgrade on: a field that changed since it was pinned, even one the old
+digest left out, is a change like any other, withheld until approved and shown
+in the diff. Nothing is approved again without a person.
 """
 
 from __future__ import annotations
@@ -10,22 +23,31 @@ from typing import Any
 
 import orjson
 
+from toolkeeper.common import canonical_json, sha256_hex
+
+
+def definition_digest(definition: dict[str, Any]) -> str:
+    """What a pin holds a tool to: its whole definition (name, title, description, inputSchema, outputSchema,
+    annotations, execution, icons, _meta and whatever else the client receives)."""
+    return sha256_hex(canonical_json(definition))
+
 
 def _pin(row: tuple) -> dict[str, Any]:
-    server, tool, digest, definition, seen_digest, seen_definition, approver, updated = row
-    return {"server": server, "tool": tool, "digest": digest, "definition": orjson.loads(definition),
-            "seen_digest": seen_digest, "seen_definition": orjson.loads(seen_definition), "approver": approver,
-            "updated": updated, "changed": digest != seen_digest}
+    server, tool, _stored_digest, definition, _stored_seen_digest, seen_definition, approver, updated = row
+    approved, seen = orjson.loads(definition), orjson.loads(seen_definition)
+    digest, seen_digest = definition_digest(approved), definition_digest(seen)  # see above: never the stored ones
+    return {"server": server, "tool": tool, "digest": digest, "definition": approved, "seen_digest": seen_digest,
+            "seen_definition": seen, "approver": approver, "updated": updated, "changed": digest != seen_digest}
 
 
 PIN_FIELDS = "server, tool, digest, definition, seen_digest, seen_definition, approver, updated"
 
 
 class Pins:
-    async def see_definition(self: Any, server: str, tool: str, digest: str, definition: dict) -> dict[str, Any]:
+    async def see_definition(self: Any, server: str, tool: str, definition: dict) -> dict[str, Any]:
         """The pin of a tool whose definition the server gives now: pinned when first seen, else `seen` is
         updated (one statement: two processes seeing it at once pin one definition)."""
-        body = orjson.dumps(definition)
+        body, digest = orjson.dumps(definition), definition_digest(definition)
         rows = await self._fetch(
             f"INSERT INTO mcp_pins ({PIN_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, NULL, ?) ON CONFLICT (server, tool) "  # noqa: S608
             "DO UPDATE SET seen_digest = excluded.seen_digest, seen_definition = excluded.seen_definition, "

@@ -22,7 +22,9 @@ from pydantic import Field, field_validator, model_validator
 
 from toolkeeper.common import Strict
 
-SERVER_NAME = re.compile(r"[a-zA-Z0-9_-]{1,32}")  # no "__": the rules split `mcp__<server>__<tool>` on it
+# No "__" inside, and no "_" at its end: `mcp__<server>__<tool>` is split at the first "__" after the prefix, so a
+# server `fake_` would make `mcp__fake___x` read as server `fake`, tool `_x`.
+SERVER_NAME = re.compile(r"[a-zA-Z0-9_-]{0,31}[a-zA-Z0-9-]")
 VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 PROXIED_PREFIX = "mcp__"
 
@@ -43,7 +45,10 @@ class McpServerSpec(Strict):
     @classmethod
     def _name_shape(cls, value: str) -> str:
         if not SERVER_NAME.fullmatch(value) or "__" in value:
-            raise ValueError("a server name is 1 to 32 letters, digits, '_' or '-', without '__'")
+            read_as, _, tool = f"{value}__x".partition("__")
+            raise ValueError(f"{value!r}: a server name is 1 to 32 letters, digits, '_' or '-', without '__' and not "
+                             f"ending in '_': its tools are named mcp__<server>__<tool>, and such a name is ambiguous "
+                             f"(mcp__{value}__x reads as server {read_as!r}, tool {tool!r})")
         return value
 
     @model_validator(mode="after")
@@ -57,6 +62,9 @@ class McpServerSpec(Strict):
             raise ValueError("`url:` must be an http:// or https:// address, without user:password@")
         if self.url is None and self.headers:
             raise ValueError("`headers:` apply to a `url:` server")
+        if self.url is not None and (self.env or self.workdir is not None):
+            # refused, not ignored: a reader would believe the server gets them
+            raise ValueError("`env:` and `workdir:` apply to a `command:` server; a `url:` server runs elsewhere")
         return self
 
     def proxied_name(self, tool: str) -> str:

@@ -49,13 +49,16 @@ class Doors:
     hook_calls: HookCalls | None = None
     host: str = "127.0.0.1"
 
-    def add_routes(self, app: web.Application, keys: AgentKeys) -> None:
+    def add_routes(self, app: web.Application, keys: AgentKeys, identity_header: str | None = None) -> None:
+        """`identity_header`: serve's --identity-header, read at these doors as on the model APIs (`agent.header`)."""
         if self.mcp_server is not None:
-            endpoint = McpEndpoint(self.mcp_server, keys_required=keys.required, host=self.host)
+            endpoint = McpEndpoint(self.mcp_server, keys_required=keys.required, host=self.host,
+                                   identity_header=identity_header)
             app.cleanup_ctx.append(endpoint.lifetime)
             app.router.add_route("*", MCP_PATH, endpoint.handle)
         if self.hook_calls is not None:
-            app.router.add_post(HOOKS_PATH, HooksEndpoint(self.hook_calls, keys, self.host).handle)
+            hooks = HooksEndpoint(self.hook_calls, keys, self.host, identity_header=identity_header)
+            app.router.add_post(HOOKS_PATH, hooks.handle)
 
 
 CHAT_KEY = web.AppKey("chat", ChatCompletions)
@@ -119,7 +122,7 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
     app.router.add_get("/metrics", probes.metrics_page)
     app.router.add_get("/readyz", probes.readyz)
     if doors is not None:
-        doors.add_routes(app, keys)
+        doors.add_routes(app, keys, settings.identity_header)
     app.add_subapp(ADMIN_PREFIX, admin)
     app.router.add_route("*", "/{tail:.*}", elsewhere)
     return app

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from toolkeeper.audit import SQLAudit
 from toolkeeper.common import printable
-from toolkeeper.engine import approve_definition, definition_diff
+from toolkeeper.engine import approve_definition, changed_fields, definition_diff
 from toolkeeper.policy import RULE_SOURCES
 from toolkeeper.store import Store
 from toolkeeper.wire.admin.guard import MASTER, AdminGuard, json_error
@@ -111,8 +111,7 @@ def pins_api(store: Store, audit: SQLAudit) -> Callable[[web.Application], None]
 
     async def listing(request: web.Request) -> web.Response:
         pins = await store.pins()
-        return web.json_response({"pins": [{**pin, "diff": definition_diff(pin["definition"], pin["seen_definition"])
-                                            if pin["changed"] else ""} for pin in pins]})
+        return web.json_response({"pins": [{**pin, **_what_changed(pin)} for pin in pins]})
 
     async def approve(request: web.Request) -> web.Response:
         server, tool = request.match_info["server"], request.match_info["tool"]
@@ -129,6 +128,14 @@ def pins_api(store: Store, audit: SQLAudit) -> Callable[[web.Application], None]
         app.router.add_post("/mcp/pins/{server}/{tool}/approve", approve)
 
     return add_routes
+
+
+def _what_changed(pin: dict) -> dict:
+    """A pin's change, for a person: the fields that differ, and the diff of the whole definition."""
+    if not pin["changed"]:
+        return {"changed_fields": [], "diff": ""}
+    return {"changed_fields": changed_fields(pin["definition"], pin["seen_definition"]),
+            "diff": definition_diff(pin["definition"], pin["seen_definition"])}
 
 
 async def answer_approval(store: Store, approval_id: str, approver: str, approve: bool, *, always: bool = False,

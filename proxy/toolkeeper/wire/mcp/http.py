@@ -1,7 +1,8 @@
 """`/mcp` on serve: MCP's Streamable HTTP transport, the SDK's, served from aiohttp.
 
     POST/GET/DELETE /mcp -> Origin checked (the server's middleware: a page elsewhere is refused, against DNS
-                            rebinding) -> the agent's key (Bearer, as for the model API) -> the SDK's session
+                            rebinding) -> the agent's key (Bearer, as for the model API) -> the session's owner
+                            (owners.py: only the key that opened a session may use it) -> the SDK's session
                             manager, called as the ASGI app it is
 
 The SDK's manager is an ASGI app; the bridge below hands it the request and
@@ -24,22 +25,26 @@ from multidict import CIMultiDict
 from toolkeeper.common import is_loopback
 from toolkeeper.wire.errors import OPENAI
 from toolkeeper.wire.guard import AGENT_NAME
-from toolkeeper.wire.mcp.server import AGENT_SCOPE_KEY
+from toolkeeper.wire.mcp.owners import Credential, SessionOwners
+from toolkeeper.wire.mcp.server import AGENT_HEADER_SCOPE_KEY, AGENT_SCOPE_KEY
 
 log = logging.getLogger("toolkeeper")
 
 PATH = "/mcp"
+DISCONNECT_GRACE = 5.0  # seconds the SDK has to end a response whose client has gone, before it is cancelled
 
 
 class McpEndpoint:
     """The `/mcp` route and the lifetime of the SDK's session manager."""
 
-    def __init__(self, server: Any, *, keys_required: bool, host: str):
+    def __init__(self, server: Any, *, keys_required: bool, host: str, identity_header: str | None = None):
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
         self.manager = StreamableHTTPSessionManager(app=server, security_settings=None)
         # Beyond loopback, a call of a declared tool needs to say who makes it.
         self.keys_required = keys_required or not is_loopback(host)
+        self.owners = SessionOwners()  # a session answers only to the credential that opened it
+        self.identity_header = identity_header  # serve's --identity-header: `agent.header`, as on the model APIs
 
     async def lifetime(self, app: web.Application) -> AsyncIterator[None]:
         """For `cleanup_ctx`: the manager runs in its own task until the server stops."""
@@ -62,17 +67,50 @@ class McpEndpoint:
         if agent is None and self.keys_required:
             return OPENAI.refusal(401, "/mcp needs an agent key (Authorization: Bearer KEY, a key listed under "
                                        "`agents:`) when toolkeeper listens beyond this machine", "invalid_api_key")
-        return await asgi(self.manager.handle_request, request, {AGENT_SCOPE_KEY: agent})
+        credential = Credential.of(request)
+        refused = self.owners.refusal(request, credential)
+        if refused is not None:
+            return refused
+        response = await asgi(self.manager.handle_request, request,
+                              {AGENT_SCOPE_KEY: agent, AGENT_HEADER_SCOPE_KEY: self._agent_header(request),
+                               "user": credential.as_scope_user()})
+        self.owners.note(request, credential, response)
+        return response
+
+
+    def _agent_header(self, request: web.Request) -> str | None:
+        return request.headers.get(self.identity_header) if self.identity_header else None
+
+
+def _scope(request: web.Request, state: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": request.method,
+            "scheme": request.scheme, "path": request.path, "raw_path": request.raw_path.encode(),
+            "query_string": request.query_string.encode(), "root_path": "",
+            "headers": [(name.lower(), value) for name, value in request.raw_headers],
+            "client": (request.remote or "", 0), "server": (request.host, 0), **state}
+
+
+async def _run_apart(call: Any, done: asyncio.Event) -> None:
+    """The app runs in a task of its own: aiohttp cancels this handler when the client disconnects, and that
+    cancellation, raised inside the SDK, would discard a session whose `initialize` was answered a moment before.
+    A client gone is told to the app as ASGI says (`http.disconnect`), and the app ends its response itself."""
+    running = asyncio.create_task(call, name="mcp request")
+    try:
+        await asyncio.shield(running)
+    except asyncio.CancelledError:
+        done.set()
+        await asyncio.wait({running}, timeout=DISCONNECT_GRACE)
+        if not running.done():
+            running.cancel()
+        elif not running.cancelled():
+            running.exception()  # taken: an error in a response no one will read is not news
+        raise
 
 
 async def asgi(app: Any, request: web.Request, state: dict[str, Any]) -> web.StreamResponse:
     """One request through an ASGI app, its answer streamed back as it is sent."""
     body = await request.read()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": request.method,
-             "scheme": request.scheme, "path": request.path, "raw_path": request.raw_path.encode(),
-             "query_string": request.query_string.encode(), "root_path": "",
-             "headers": [(name.lower(), value) for name, value in request.raw_headers],
-             "client": (request.remote or "", 0), "server": (request.host, 0), **state}
+    scope = _scope(request, state)
     delivered = False
     done = asyncio.Event()
     response: web.StreamResponse | None = None
@@ -86,6 +124,16 @@ async def asgi(app: Any, request: web.Request, state: dict[str, Any]) -> web.Str
         return {"type": "http.disconnect"}
 
     async def send(message: dict[str, Any]) -> None:
+        if done.is_set():  # the client has gone: what is left to write is dropped, as an ASGI server drops it
+            return
+        try:
+            await _write(message)
+        except ConnectionError:
+            # The client closed its connection (say, right after reading `initialize`'s answer). That ends this
+            # response, not the MCP session: raised into the SDK, it would discard the session it just opened.
+            done.set()
+
+    async def _write(message: dict[str, Any]) -> None:
         nonlocal response
         if message["type"] == "http.response.start":
             headers = CIMultiDict((name.decode("latin-1"), value.decode("latin-1"))
@@ -99,7 +147,7 @@ async def asgi(app: Any, request: web.Request, state: dict[str, Any]) -> web.Str
                 await response.write_eof()
 
     try:
-        await app(scope, receive, send)
+        await _run_apart(app(scope, receive, send), done)
     finally:
         done.set()
     if response is None:

@@ -24,6 +24,7 @@ from toolkeeper.tracing import TRACE_HEADERS, Tracing
 log = logging.getLogger("toolkeeper")
 
 AGENT_SCOPE_KEY = "toolkeeper.agent"  # the ASGI scope's entry naming the agent an HTTP request came from
+AGENT_HEADER_SCOPE_KEY = "toolkeeper.agent_header"  # and the value of its --identity-header, when serve names one
 SESSION_HEADER = "mcp-session-id"  # Streamable HTTP's session, once the client initialised one
 CLIENTS_KEPT = 4096  # the clients whose searches are remembered, the least recent forgotten first
 INSTRUCTIONS = ("Tools served by toolkeeper: each call is checked against its declaration and the security team's "
@@ -35,9 +36,12 @@ class ElicitationConsent:
 
     can_ask = True
 
-    def __init__(self, session: Any, client: str):
+    def __init__(self, session: Any, client: str, request_id: Any = None):
         self.session = session
         self.who = f"{client} (MCP elicitation)"
+        # The question travels on the stream of the call it is about, when there is one (a POST's own answer
+        # stream over HTTP): a client need not hold the standalone GET stream open to be asked.
+        self.request_id = request_id
 
     async def ask(self, request: ConsentRequest) -> ConsentAnswer:
         schema = {"type": "object", "properties": {"approve": {
@@ -45,7 +49,7 @@ class ElicitationConsent:
             "required": ["approve"]}
         message = f"toolkeeper asks: allow {request.summary()}? Why it asks: {request.why()}"
         try:
-            answer = await self.session.elicit_form(message, schema)
+            answer = await self.session.elicit_form(message, schema, related_request_id=self.request_id)
         except Exception as exc:  # the client could not ask: a deny, said
             return ConsentAnswer(False, self.who, f"the MCP client could not ask its user ({printable(str(exc))})")
         approved = answer.action == "accept" and (answer.content or {}).get("approve") is True
@@ -125,9 +129,9 @@ def _new_session(ctx: Any, configured: Consent, types: Any) -> McpSession:
     agent = scope.get(AGENT_SCOPE_KEY)
     params = getattr(ctx.session, "client_params", None)
     client_name = getattr(getattr(params, "client_info", None), "name", None) or "mcp-client"
-    session = McpSession(agent=agent or printable(client_name)[:64])
+    session = McpSession(agent=agent or printable(client_name)[:64], agent_header=scope.get(AGENT_HEADER_SCOPE_KEY))
     if not configured.can_ask and _declares_elicitation(ctx.session, types):
-        session.consent = ElicitationConsent(ctx.session, printable(client_name)[:64])
+        session.consent = ElicitationConsent(ctx.session, printable(client_name)[:64], getattr(ctx, "request_id", None))
     return session
 
 

@@ -39,7 +39,7 @@ NOTICES = {
     "no-grant": "no always grant {id} in force",
 }
 LIVE_POLL = 1.0  # seconds between looks at the store for the live stream
-RECHECK = 5.0  # seconds between looks at who holds a live stream: a revoked token, or a changed role, ends it
+IDLE_CHECK = 5.0  # seconds between looks at who holds a stream that sends nothing: a revoked token ends it
 KEEPALIVE = 15.0
 VERBS = ("approve", "always", "deny")
 
@@ -114,27 +114,33 @@ class QueuePage:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                                 "Cache-Control": "no-store"})
         await response.prepare(request)
-        last, quiet, checked = b"", 0.0, time.monotonic()
+        last, quiet, checked = b"", 0.0, 0.0
         while not self.closing.is_set():
-            if time.monotonic() - checked > RECHECK:  # a revoked token ends its streams, bearer or session
-                holder = await self.identity(request)
-                if holder is None or holder[1] not in ("approver", "admin"):  # so does a changed role
-                    break
-                checked = time.monotonic()
             waiting, grants = await self.store.list_approvals("waiting"), await self.store.grants()
             event = orjson.dumps({"rows": [{"id": a["id"], "html": _approval_html(a, request)} for a in waiting],
                                   "grants": _grants_html(grants, request)})
-            if event != last:
-                await response.write(b"event: queue\ndata: " + event + b"\n\n")
+            due = event != last or quiet >= KEEPALIVE
+            # Who holds the stream is looked up before each event it sends, after the queue is read: a token revoked
+            # (or a role changed) a moment ago never receives one more call's arguments. One store read per event
+            # (events come only when the queue changes), and one every IDLE_CHECK seconds to end a quiet stream.
+            if due or time.monotonic() - checked > IDLE_CHECK:
+                if not await self._may_watch(request):
+                    break
+                checked = time.monotonic()
+            if due:
+                await response.write(b"event: queue\ndata: " + event + b"\n\n" if event != last else
+                                     b": keep-alive\n\n")
                 last, quiet = event, 0.0
-            elif quiet >= KEEPALIVE:
-                await response.write(b": keep-alive\n\n")
-                quiet = 0.0
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(LIVE_POLL):
                     await self.closing.wait()
             quiet += LIVE_POLL
         return response
+
+    async def _may_watch(self, request: web.Request) -> bool:
+        """Whether the stream's holder (its bearer token, or its session's) is still an approver or an admin."""
+        holder = await self.identity(request)
+        return holder is not None and holder[1] in ("approver", "admin")
 
     async def answer(self, request: web.Request) -> web.Response:
         approval_id, verb = request.match_info["id"], request.match_info["verb"]

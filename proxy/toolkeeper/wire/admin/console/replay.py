@@ -5,7 +5,9 @@
 
 The same report `toolkeeper policy replay` prints: the outcomes now and under
 the candidate, the candidate's rules that decided, the shadow rules that
-matched, and each call that would change, linked to its record.
+matched, each call that would change, and each call that cannot be judged
+from the trail (a candidate rule tests a value the trail redacted), linked to
+its record.
 """
 
 from __future__ import annotations
@@ -87,10 +89,13 @@ class ReplayPage:
 
 def _report(report: Report) -> str:
     tightened = report.tightened
-    summary = (f"<p id=summary class={'failed' if tightened else 'ok'}>{report.replayed} calls replayed under "
-               f"revision {show(report.revision)}: <strong id=changed>{len(report.changes)}</strong> would change, "
-               f"<strong id=tightened>{tightened}</strong> of them allowed now and denied or asked under the "
-               f"candidate. {report.skipped} no policy decided were left out.</p>")
+    unjudged = (f" <strong id=unjudged>{len(report.unjudged)}</strong> cannot be judged from the trail (a candidate "
+                f"rule tests a value the trail redacted), <strong id=may-tighten>{report.may_tighten}</strong> of "
+                "them allowed now and maybe denied or asked under the candidate." if report.unjudged else "")
+    summary = (f"<p id=summary class={'failed' if tightened or report.may_tighten else 'ok'}>{report.replayed} "
+               f"calls replayed under revision {show(report.revision)}: <strong id=changed>{len(report.changes)}"
+               f"</strong> would change, <strong id=tightened>{tightened}</strong> of them allowed now and denied or "
+               f"asked under the candidate.{unjudged} {report.skipped} no policy decided were left out.</p>")
     outcomes = "".join(f"<tr><td>{show(now)}</td><td>{show(then)}</td><td>{count}</td></tr>"
                        for (now, then), count in sorted(report.transitions.items()))
     rules = "".join(f"<tr><td>{show(rule)}</td><td>{show(effect)}</td><td>{count}</td></tr>"
@@ -109,4 +114,19 @@ def _report(report: Report) -> str:
             f"<th>effect</th><th>calls</th></tr>{rules}</table>"
             + (f"<h2>Shadow rules that matched</h2><table id=shadow>{shadow}</table>" if shadow else "")
             + f"<h2>Calls that would change</h2><table id=changes><tr><th>time</th><th>tool</th><th>now</th>"
-            f"<th>candidate</th><th>reason</th></tr>{changes}</table>{more}")
+            f"<th>candidate</th><th>reason</th></tr>{changes}</table>{more}" + _unjudged(report))
+
+
+def _unjudged(report: Report) -> str:
+    """The calls the trail cannot tell: the outcomes they may have, and the redacted values that hide it."""
+    if not report.unjudged:
+        return ""
+    rows = "".join(
+        f"<tr class=unjudged><td><a href='{link('/audit/' + c.record_id)}'>{show(when(c.time))}</a></td>"
+        f"<td>{show(c.tool)} <small>{show(c.source)}</small></td><td>{show(c.current)} "
+        f"<small>{show(c.current_rule or '')}</small></td><td>{show(' or '.join(c.outcomes))}</td>"
+        f"<td>{show(', '.join(c.rules))} tests {show(', '.join(c.redacted))}, redacted</td></tr>"
+        for c in report.unjudged[:SHOWN])
+    more = f"<p>... and {len(report.unjudged) - SHOWN} more.</p>" if len(report.unjudged) > SHOWN else ""
+    return ("<h2>Calls that cannot be judged from the trail</h2><table id=unjudged-calls><tr><th>time</th>"
+            f"<th>tool</th><th>now</th><th>candidate: one of</th><th>why</th></tr>{rows}</table>{more}")

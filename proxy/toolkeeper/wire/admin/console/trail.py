@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from datetime import datetime
 from typing import Any
 
 from aiohttp import web
 
 from toolkeeper.audit import SOURCES, STATUSES, AuditEntry, SQLAudit
+from toolkeeper.common import TIME_GRAMMAR, moment
 from toolkeeper.wire.admin.console.layout import csrf_field, field, link, options, page, show, when
 
 SHADOW = ("deny", "ask", "allow")  # what a shadow rule would have done: the trail filters on it
@@ -34,12 +34,9 @@ MAX_CHOICES = 500  # a list longer than this is no help: type in the search inst
 
 
 def typed_time(text: str) -> float | None:
-    """A time a person typed (2026-12-01T09:00, with or without a zone; none means the server's)."""
-    try:
-        moment = datetime.fromisoformat(text)
-        return (moment if moment.tzinfo else moment.astimezone()).timestamp()
-    except (ValueError, OverflowError, OSError):  # not a time, or one no clock reaches (year 1)
-        return None
+    """A time a person typed, as the CLI's `--since` takes it: 7d, 12h, 30m (that long ago), or 2026-12-01T09:00
+    (with or without a zone; none means the server's)."""
+    return moment(text)
 
 
 def _cursor(text: str) -> int | None:
@@ -61,7 +58,7 @@ def filters_of(query: Any) -> tuple[dict[str, Any], list[str]]:
         given = query.get(name) or ""
         chosen[name] = typed_time(given) if given else None
         if given and chosen[name] is None:
-            problems.append(f"{name}={given[:40]!r} is not a time (2026-12-01T09:00, with or without its zone)")
+            problems.append(f"{name}={given[:40]!r} is not a time: give {TIME_GRAMMAR}")
     if preset:
         chosen["since"] = time.time() - preset
     return {name: value for name, value in chosen.items() if value is not None}, problems
@@ -102,13 +99,17 @@ class TrailPages:
         def pick(name: str, label: str, values: Any) -> str:
             return f"<label>{label}<select name={name}>{options(values, query.get(name))}</select></label>"
 
-        def text(name: str, label: str, size: int = 14, kind: str = "text") -> str:
+        def text(name: str, label: str, size: int = 14, hint: str = "") -> str:
             value = show(query.get(name, ""))
-            return f"<label>{label}<input type={kind} name={name} value='{value}' size={size}></label>"
+            shown_hint = f" placeholder='{show(hint)}'" if hint else ""
+            return f"<label>{label}<input type=text name={name} value='{value}' size={size}{shown_hint}></label>"
+
+        # plain text, not a date picker: a time is also `7d` (that long ago), as the CLI's --since takes it
+        time_hint = "7d, or 2026-12-01T09:00"
 
         return (f"<form class=filters method=get action='{link('/audit')}'>"
                 f"<label>last<select name=last>{options(PRESETS, query.get('last'), 'any time')}</select></label>"
-                f"{text('since', 'from', 16, 'datetime-local')}{text('until', 'to', 16, 'datetime-local')}"
+                f"{text('since', 'from', 16, time_hint)}{text('until', 'to', 16, time_hint)}"
                 f"{pick('tool', 'tool', choices['tool'])}{pick('status', 'status', STATUSES)}"
                 f"{pick('source', 'source', SOURCES)}{pick('shadow', 'a shadow rule would', SHADOW)}"
                 f"{pick('decision_source', 'decided by', choices['decision_source'])}"

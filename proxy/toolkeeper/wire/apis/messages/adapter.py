@@ -18,6 +18,7 @@ from toolkeeper.wire.apis.messages.items import (
     anthropic_tool,
     check_request,
     hosted_tool,
+    is_mcp_toolset,
     messages_from_anthropic,
     neutral_tool_choice,
     visible_blocks,
@@ -44,13 +45,47 @@ class MessagesAPI(AgentAPI):
                                   if isinstance(tool, str) else None, context)
         return {**server, "tool_configuration": {**configuration, "allowed_tools": kept}} if kept else None
 
+    async def _governed_toolset(self, toolset: dict[str, Any], context: TurnContext) -> dict[str, Any]:
+        """An MCP toolset as the rules allow it: each tool they deny (or would ask about: no one can be asked per
+        call) switched off in its `configs`, the server's other tools left usable; where they deny the server's
+        tools by default, `default_config` off and the tools they allow switched on. Each tool withheld is
+        recorded `withheld`, as a server tool's offer is."""
+        prefix = f"mcp__{toolset['mcp_server_name']}__"
+        configs = {tool: dict(config) for tool, config in (toolset.get("configs") or {}).items()
+                   if isinstance(config, dict)}
+        default = dict(toolset.get("default_config") or {})
+        wanted_by_default = default.get("enabled", True) is not False
+        # the server's tools no one names: decided as one (`mcp__<server>__*`, kind mcp_server, as the older form's
+        # server entry is), their names and arguments unknown
+        allowed_by_default = wanted_by_default and await self.engine.hosted.offer(
+            prefix + "*", "mcp_server", toolset, context)
+        for tool in sorted(set(configs) | self.engine.handler.policy.tools_named(prefix)):
+            if not configs.get(tool, {}).get("enabled", wanted_by_default):
+                continue  # the agent switched it off itself
+            allowed = await self.engine.hosted.offer(prefix + tool, "mcp_tool", configs.get(tool), context)
+            if not allowed or not allowed_by_default:  # said outright: it differs from the default, or may
+                configs[tool] = {**configs.get(tool, {}), "enabled": allowed}
+        if wanted_by_default and not allowed_by_default:
+            default["enabled"] = False
+        governed = {**toolset, "configs": configs} if configs else dict(toolset)
+        return {**governed, "default_config": default} if default else governed
+
     check = staticmethod(check_request)
 
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
         context = self.context(request, raw)
-        for key in ("tools", "mcp_servers"):  # server tools, the MCP connector: offered only as the rules allow
+        toolsets = [tool for tool in body.get("tools") or [] if is_mcp_toolset(tool)]
+        if toolsets:  # the connector's current form: each server's tools governed in its toolset, by name
+            governed = {id(toolset): await self._governed_toolset(toolset, context) for toolset in toolsets}
+            body = {**body, "tools": [governed.get(id(tool), tool) for tool in body["tools"]]}
+        in_toolsets = {toolset["mcp_server_name"] for toolset in toolsets}
+        # server tools, and the MCP connector's servers of the older form (the current form's are governed in
+        # their toolsets: withholding one would leave its toolset naming no server, a 400)
+        offered_whole = {"tools": hosted_tool, "mcp_servers": lambda server: None if isinstance(server, dict) and
+                         server.get("name") in in_toolsets else hosted_tool(server)}
+        for key, hosted in offered_whole.items():
             if isinstance(body.get(key), list):
-                body = {**body, key: await self.offered(body[key], hosted_tool, context)}
+                body = {**body, key: await self.offered(body[key], hosted, context)}
         if isinstance(body.get("mcp_servers"), list):
             body = {**body, "mcp_servers": [server for server in [await self._narrowed(s, context)
                                                                   for s in body["mcp_servers"]] if server]}

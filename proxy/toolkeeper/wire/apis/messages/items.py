@@ -101,10 +101,18 @@ def anthropic_from_messages(neutral: list[dict[str, Any]]) -> list[dict[str, Any
     return out
 
 
+def is_mcp_toolset(entry: Any) -> bool:
+    """The MCP connector's current form (beta mcp-client-2025-11-20): `{"type": "mcp_toolset", "mcp_server_name",
+    "default_config": {"enabled", "defer_loading"}, "configs": {TOOL: {...}}}` in `tools`, naming an
+    `mcp_servers` entry. Governed tool by tool (the adapter's `_governed_toolset`), not by a name of its own."""
+    return isinstance(entry, dict) and entry.get("type") == "mcp_toolset" and isinstance(
+        entry.get("mcp_server_name"), str)
+
+
 def hosted_tool(entry: Any) -> tuple[str, str] | None:
     """A tool entry Anthropic's servers run (a server tool), or an MCP connector server, as (its name for the
-    rules, its kind); None for the agent's own."""
-    if not isinstance(entry, dict):
+    rules, its kind); None for the agent's own, and for an MCP toolset (governed tool by tool)."""
+    if not isinstance(entry, dict) or is_mcp_toolset(entry):
         return None
     kind = str(entry.get("type") or "custom")
     if kind == "url" and "name" in entry:  # an `mcp_servers` entry
@@ -195,8 +203,8 @@ def check_request(body: dict[str, Any]) -> str | None:
                 return f"messages.{position}: a tool_result block needs a tool_use_id"
     tools = body.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(
-            isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools)):
-        return "tools: must be a list of tools, each with a name"
+            isinstance(t, dict) and (isinstance(t.get("name"), str) or is_mcp_toolset(t)) for t in tools)):
+        return "tools: must be a list of tools, each with a name (an mcp_toolset: with its mcp_server_name)"
     choice = body.get("tool_choice")
     if choice is not None and not (isinstance(choice, dict) and isinstance(choice.get("type"), str)):
         return "tool_choice: must be an object with a type"
