@@ -10,7 +10,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, replace
 
-from toolkeeper.policy.found import DESCRIPTOR_FILES, STDIN_FILES, Command, Found
+from toolkeeper.policy import sed
+from toolkeeper.policy.found import DESCRIPTOR_FILES, STDIN_FILES, Command, Found, special_file
 from toolkeeper.policy.programs import (
     Program,
     catalogue,
@@ -41,15 +42,73 @@ def read(command: Command, simple: SimpleCommand, out: Found, depth: int) -> Non
         return
     at = len(out.commands)
     out.commands.append(replace(command, read_by=entry.describe()))
-    read = _options(entry, list(command.argv[1:]), out, depth)
+    args = list(command.argv[1:])
+    if entry.bundled_first and args and args[0] and args[0].isalpha():
+        args = _unbundled(entry, args)  # `tar cIf CMD x.tar`: old-style options, their values after them
+    read = _options(entry, args, out, depth)
     if read is not None and entry.subcommands:
         if not read.operands or read.operands[0] not in entry.subcommands:
             return  # `poetry install`: no command to run
         read = _options(entry, read.operands[1:], out, depth)
+    if read is None:
+        return
+    # a wrapper that runs a command is looked through by allow rules, unless it changes who or where
+    out.commands[at] = replace(out.commands[at], transparent=entry.transparent and entry.runs != "")
+    _operands(entry, command, read, simple, out, depth)
+    sub = catalogue().programs.get(f"{entry.name} {read.operands[0]}") if read.operands and read.operands[0] \
+        else None
+    if sub is not None:  # `git rebase -x CMD`: what the subcommand runs, read by its own entry
+        _subcommand(sub, command, read.operands[1:], simple, out, depth)
+    elif entry.name == "git" and read.operands[:1] == ["config"]:
+        _git_config_command(read.operands[1:], out)
+
+
+def _unbundled(entry: Program, args: list[str | None]) -> list[str | None]:
+    first, rest, words = args[0] or "", args[1:], []
+    for letter in first:
+        words.append(f"-{letter}")
+        if (f"-{letter}" in entry.command_options or values_taken(f"-{letter}", entry)) and rest:
+            words.append(rest.pop(0))
+    return [*words, *rest]
+
+
+def _xargs_replacement(argv: tuple[str | None, ...]) -> str:
+    """xargs's replacement string: -I R (or -IR), -i or --replace (`{}`), --replace=R; "" when none."""
+    for index, word in enumerate(argv[1:], start=1):
+        if word in ("-i", "--replace"):
+            return "{}"
+        if word is not None and word.startswith(("-i", "--replace=")):
+            return word.split("=", 1)[1] if word.startswith("--") else word[2:]
+        if word is not None and word.startswith("-I"):
+            return word[2:] or (argv[index + 1] or "{}" if index + 1 < len(argv) else "{}")
+    return ""
+
+
+def _subcommand(entry: Program, command: Command, args: list[str | None], simple: SimpleCommand, out: Found,
+                depth: int) -> None:
+    read = _options(entry, args, out, depth)
+    if read is not None and entry.subcommands:
+        if not read.operands or read.operands[0] not in entry.subcommands:
+            return
+        read = _options(entry, read.operands[1:], out, depth)
     if read is not None:
-        # a wrapper that runs a command is looked through by allow rules, unless it changes who or where
-        out.commands[at] = replace(out.commands[at], transparent=entry.transparent and entry.runs != "")
         _operands(entry, command, read, simple, out, depth)
+
+
+def _git_config_command(args: list[str | None], out: Found) -> None:
+    """`git config [--global] KEY VALUE`: setting a key whose value git runs, for a later git to run."""
+    for word in args:
+        if word is None:
+            out.unresolved.append("git config of a key known only at run time")
+        elif not word.startswith("-"):
+            if _git_key(word.lower()):
+                out.unresolved.append(f"git config {word.lower()} sets what a later git runs")
+            return
+
+
+def _git_key(key: str) -> bool:
+    known = catalogue()
+    return any(fnmatch.fnmatchcase(key, glob) for glob in (*known.git_commands, *known.git_unread))
 
 
 def _options(entry: Program, args: list[str | None], out: Found, depth: int) -> _Options | None:
@@ -104,10 +163,9 @@ def _option(entry: Program, arg: str, args: list[str | None], read: _Options, ou
         return True
     given = option_in(arg, entry.code_options, entry)
     if given is not None:
-        out.unresolved.append(f"{entry.name} {given[0]} runs code toolkeeper does not read")
         read.code_file = True  # the code is given: no operand is code, nothing is read from the input
-        if given[1] is None and args:
-            args.pop(0)
+        code = given[1] if given[1] is not None else (args.pop(0) if args else None)
+        _code(entry, code, f"{entry.name} {given[0]} runs code toolkeeper does not read", out)
         return True
     given = option_in(arg, entry.code_files, entry)
     if given is not None:
@@ -153,8 +211,8 @@ def _command_line(entry: Program, option: str, value: str | None, out: Found, de
         out.unresolved.append(f"{via} gives a command known only at run time")
     elif entry.name == "git" and option == "--config-env":  # KEY=VARIABLE: the value is in the environment
         key = value.partition("=")[0].lower()
-        if any(fnmatch.fnmatchcase(key, glob) for glob in catalogue().git_commands):
-            out.unresolved.append(f"git --config-env {key} takes a command from the environment")
+        if _git_key(key):
+            out.unresolved.append(f"git --config-env {key} takes its value from the environment")
     elif entry.name == "git":
         _git_config(value, out, depth)
     elif entry.name in ("ssh", "scp", "sftp"):
@@ -175,15 +233,17 @@ def _git_config(setting: str, out: Found, depth: int) -> None:
     it starts with `!`; any other alias is a git command)."""
     key, _, value = setting.partition("=")
     key = key.lower()
-    if not any(fnmatch.fnmatchcase(key, glob) for glob in catalogue().git_commands):
+    if any(fnmatch.fnmatchcase(key, glob) for glob in catalogue().git_unread):
+        out.unresolved.append(f"git -c {key} changes what git runs or pushes in a way toolkeeper does not read")
+    elif not any(fnmatch.fnmatchcase(key, glob) for glob in catalogue().git_commands):
         return
-    if key.startswith("alias."):
+    elif key.startswith("alias."):
         if value.startswith("!"):
             out.reader.script(value[1:], out, depth + 1, f"git alias {key[6:]}")
+        else:  # `git -c alias.p=push p -f`: the git command it stands for is not what the rules read
+            out.unresolved.append(f"git -c {key} defines a git command toolkeeper does not read as such")
     elif key.startswith("credential") and not value.startswith(("!", "/")):
         return  # a helper's name: git runs git-credential-NAME
-    elif key.startswith(("include", "protocol", "core.hookspath")):
-        out.unresolved.append(f"git -c {key} changes what git runs in a way toolkeeper does not read")
     else:
         out.reader.script(value.removeprefix("!"), out, depth + 1, f"git -c {key}")
 
@@ -192,21 +252,11 @@ def _operands(entry: Program, command: Command, read: _Options, simple: SimpleCo
               depth: int) -> None:
     """What a catalogued program does with its operands: runs them as a command, as a command line, as code."""
     operands, name = read.operands, entry.name
-    if entry.code_subcommands and operands and operands[0] in entry.code_subcommands:
-        out.unresolved.append(f"{name} {operands[0]} runs code toolkeeper does not read")
-    if entry.code_operand and not read.code_file and len(operands) >= entry.code_operand:
-        out.unresolved.append(f"{name} runs a program in another language, which toolkeeper does not read")
-    first = operands[0] if operands else ""
-    if entry.reads_code and not read.code_file and (
-            first is None or first.startswith(DESCRIPTOR_FILES)
-            or ((not operands or first in STDIN_FILES) and (simple.fed or simple.stdin is not None))):
-        out.unresolved.append(f"{name} reads code from its input or a substitution, which toolkeeper does not read")
+    _code_in_operands(entry, read, simple, out)
     for operand in operands:
         prefix = next((p for p in entry.command_prefixes if (operand or "").upper().startswith(p)), None)
         if prefix is not None:
             out.reader.script(operand[len(prefix):].split(",")[0], out, depth + 1, f"{name} {prefix}")  # type: ignore[index]
-    if "+" in entry.code_options and any(len(o or "") > 1 and (o or "").startswith("+") for o in operands):
-        out.unresolved.append(f"{name} +COMMAND runs code toolkeeper does not read")
     inner = operands[entry.operands:]
     if entry.runs and entry.operands and inner and (inner[0] or "").startswith("-") and inner[0] != "--":
         reread = _options(entry, inner, out, depth)  # `setarch x86_64 -R CMD`: options after its operands
@@ -231,6 +281,35 @@ def _operands(entry: Program, command: Command, read: _Options, simple: SimpleCo
         out.reader.shell(Command(("bash", *operands), via=name), simple, out, depth)
 
 
+def _code_in_operands(entry: Program, read: _Options, simple: SimpleCommand, out: Found) -> None:
+    """Code in another language among a program's operands or on its input: unresolved, unless the entry's own
+    small reader reads it (sed's common scripts)."""
+    operands, name = read.operands, entry.name
+    if entry.code_subcommands and operands and operands[0] in entry.code_subcommands:
+        out.unresolved.append(f"{name} {operands[0]} runs code toolkeeper does not read")
+    if entry.code_operand and not read.code_file and len(operands) >= entry.code_operand:
+        _code(entry, operands[entry.code_operand - 1],
+              f"{name} runs a program in another language, which toolkeeper does not read", out)
+    first = special_file(operands[0]) if operands and operands[0] is not None else (operands[0] if operands else "")
+    fed = simple.fed or simple.stdin is not None
+    if entry.reads_code and not read.code_file and (first is None or first.startswith(DESCRIPTOR_FILES)
+                                                    or ((not operands or first in STDIN_FILES) and fed)):
+        out.unresolved.append(f"{name} reads code from its input or a substitution, which toolkeeper does not read")
+    if entry.code_on_input and fed:
+        out.unresolved.append(f"{name} reads commands from its input, which toolkeeper does not read")
+    if "+" in entry.code_options and any(len(o or "") > 1 and (o or "").startswith("+") for o in operands):
+        out.unresolved.append(f"{name} +COMMAND runs code toolkeeper does not read")
+    if entry.code_in_operands and any(o is None or "$(" in o or "${" in o for o in operands):
+        out.unresolved.append(f"{name} expands code in an operand, which toolkeeper does not read")
+
+
+def _code(entry: Program, code: str | None, unread: str, out: Found) -> None:
+    """Code given to a program: read by the entry's small reader when it has one, else unresolved (`unread`)."""
+    if entry.code_reader == "sed" and code is not None and sed.reads(code):
+        return
+    out.unresolved.append(unread)
+
+
 def _wrapped(entry: Program, command: Command, inner: list[str | None], simple: SimpleCommand, out: Found,
              depth: int, how: str = "") -> None:
     """The command a wrapper runs, read as a command of its own."""
@@ -242,6 +321,9 @@ def _wrapped(entry: Program, command: Command, inner: list[str | None], simple: 
         inner = inner[1:]  # coproc NAME { ...; }: the name is the coprocess's, not a program
     if name == "xargs" and not inner:
         inner = ["echo"]
+    if name == "xargs":  # `xargs -I{} sh -c {}`: a word holding the replacement string is each line read
+        token = _xargs_replacement(command.argv)
+        inner = [None if token and word is not None and token in word else word for word in inner]
     if inner[:1] == ["--"]:  # `aws-vault exec PROFILE -- CMD`
         inner = inner[1:]
     if not inner:

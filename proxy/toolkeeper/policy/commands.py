@@ -21,7 +21,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from toolkeeper.policy import catalogued
-from toolkeeper.policy.found import DESCRIPTOR_FILES, STDIN_FILES, Command, Found, Reader, Resolution
+from toolkeeper.policy.found import DESCRIPTOR_FILES, STDIN_FILES, Command, Found, Reader, Resolution, special_file
 from toolkeeper.policy.programs import catalogue, command_option
 from toolkeeper.policy.shell import SimpleCommand, parse_script
 
@@ -151,7 +151,7 @@ def _builtin(command: Command, simple: SimpleCommand, out: Found, depth: int) ->
         if name == "trap":
             action = next((w for w in words[1:] if w is None or not w.startswith("-")), "")
         else:
-            action = words[words.index("-C") + 1] if "-C" in words[:-1] else ""
+            action = _mapfile_callback(words)
         if action is None:
             out.unresolved.append(f"{name} runs shell code known only at run time")
         elif action:
@@ -159,13 +159,25 @@ def _builtin(command: Command, simple: SimpleCommand, out: Found, depth: int) ->
     elif name == "alias":
         out.commands.append(replace(command, transparent=True))
         for word in words[1:]:
-            if word is None:
-                out.unresolved.append("an alias whose value is known only at run time")
-            elif "=" in word:
-                read_script(word.partition("=")[2], out, depth + 1, "alias")
+            if word is None or "=" in word:
+                # with expand_aliases, a later word runs it, its flags split between there and here
+                out.unresolved.append("an alias defines what a later word runs")
+                if word is not None:
+                    read_script(word.partition("=")[2], out, depth + 1, "alias")
     else:
         return False
     return True
+
+
+def _mapfile_callback(words: tuple[str | None, ...]) -> str | None:
+    """mapfile's -C CALLBACK, however written (`-C cb`, `-tC cb`, `-Ccb`); "" when none, None when unknown."""
+    for index, word in enumerate(words[1:], start=1):
+        if word is None:
+            return None
+        if word.startswith("-") and "C" in word[1:]:
+            attached = word[word.index("C", 1) + 1:]
+            return attached or (words[index + 1] if index + 1 < len(words) else None)
+    return ""
 
 
 def assigned(name: str, value: str | None, out: Found, depth: int) -> None:
@@ -218,6 +230,8 @@ def read_shell(command: Command, simple: SimpleCommand, out: Found, depth: int) 
         else:
             args.insert(0, arg)
             break
+    if args and args[0] is not None:
+        args[0] = special_file(args[0])
     runs_a_file = bool(args) and not script_next and not reads_input and args[0] not in STDIN_FILES \
         and not (args[0] or "").startswith(DESCRIPTOR_FILES)
     # the shell is looked through when it runs a script toolkeeper reads; running a file, it is the program
@@ -235,6 +249,8 @@ def read_shell(command: Command, simple: SimpleCommand, out: Found, depth: int) 
 def read_script_file(path: str | None, name: str, simple: SimpleCommand, out: Found, depth: int) -> None:
     """A script read from a file: its input's (a heredoc toolkeeper reads, or a pipe it cannot), a heredoc on
     another descriptor (`bash /dev/fd/3 3<<EOF`), or another file."""
+    if path is not None:
+        path = special_file(path)
     if path is None:
         out.unresolved.append(f"{name} runs a script known only at run time")
     elif path.startswith(DESCRIPTOR_FILES) and path not in STDIN_FILES:
@@ -276,6 +292,10 @@ def _find(command: Command, out: Found, depth: int) -> None:
     """find itself, each `-exec`/`-execdir`/`-ok` command, and `-delete` as `rm -r -f` on its start paths."""
     out.commands.append(command)
     args = list(command.argv[1:])
+    while args and (args[0] in ("-H", "-L", "-P", "-D") or (args[0] or "").startswith("-O")):
+        option = args.pop(0)  # find's own options before its start paths (`find -L / -delete`)
+        if option == "-D" and args:
+            args.pop(0)
     starts = []
     for arg in args:
         if arg is None or arg.startswith("-") or arg in ("(", "!", ")"):
@@ -289,6 +309,9 @@ def _find(command: Command, out: Found, depth: int) -> None:
                         if args[i] == ";" or (args[i] == "+" and args[i - 1] == "{}")), len(args))
             # {} is each file found: under the start paths, so they stand for it
             words = [found for word in args[index + 1:end] for found in ((starts or ["."]) if word == "{}" else [word])]
+            if args[index + 1:index + 2] == ["{}"]:
+                words[0] = None  # the program is each file found (`find /usr/bin -name rm -exec {} -rf /x`)
+            words = [None if word is not None and "{}" in word and word != "{}" else word for word in words]
             read_simple(SimpleCommand(tuple(words)), out, depth + 1, f"find {arg}")
             index = end
         elif arg == "-delete":

@@ -13,6 +13,17 @@ STDIN_FILES = frozenset({"/dev/stdin", "/dev/fd/0", "/proc/self/fd/0", "-"})  # 
 DESCRIPTOR_FILES = ("/dev/fd/", "/proc/self/fd/")
 
 
+def special_file(path: str) -> str:
+    """A path as the kernel reads it (`/dev/./stdin`, `///dev/stdin` are /dev/stdin); any other file of /dev or
+    /proc a script is read from (`/dev/tty`, `/proc/1/fd/0`) is a descriptor's: /dev/fd/?, which no heredoc names."""
+    if path == "-" or not path.startswith("/"):
+        return path
+    normal = "/" + posixpath.normpath(path).lstrip("/")
+    if normal in STDIN_FILES or normal.startswith(DESCRIPTOR_FILES) or normal == "/dev/null":
+        return normal
+    return "/dev/fd/?" if normal.startswith(("/dev/", "/proc/")) else path
+
+
 @dataclass(frozen=True)
 class Command:
     argv: tuple[str | None, ...]  # as it would run: argv[0] the program as written

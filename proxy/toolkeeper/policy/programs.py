@@ -45,6 +45,10 @@ class Program:
     reads_code: bool = False
     command_prefixes: tuple[str, ...] = ()
     options_anywhere: bool = False
+    code_on_input: bool = False
+    code_reader: str = ""
+    code_in_operands: bool = False
+    bundled_first: bool = False
 
     @property
     def transparent(self) -> bool:
@@ -75,6 +79,7 @@ class Catalogue:
     patterns: dict[str, Program]  # entries named with a glob (python3.*)
     shells: frozenset[str]
     git_commands: tuple[str, ...]  # git -c keys whose value a shell runs (globs, lower case)
+    git_unread: tuple[str, ...]  # git -c keys that change what git runs in a way not read
     command_variables: frozenset[str]
     startup_variables: frozenset[str]
     prompt_variables: frozenset[str]
@@ -121,7 +126,9 @@ def _entry(name: str, data: dict[str, Any]) -> Program:
         code_files=words("code_files"), code_subcommands=words("code_subcommands"),
         command_after=words("command_after"), program_options=words("program_options"),
         reads_code=bool(data.get("reads_code")), command_prefixes=tuple((data.get("command_prefixes") or "").split()),
-        options_anywhere=bool(data.get("options_anywhere")))
+        options_anywhere=bool(data.get("options_anywhere")), code_on_input=bool(data.get("code_on_input")),
+        code_reader=data.get("code_reader", ""), code_in_operands=bool(data.get("code_in_operands")),
+        bundled_first=bool(data.get("bundled_first")))
 
 
 @cache
@@ -134,6 +141,7 @@ def catalogue() -> Catalogue:
         patterns={name: entry for name, entry in entries.items() if any(ch in name for ch in "*?[")},
         shells=frozenset(data["shells"]),
         git_commands=tuple(data["git_config"]["commands"].lower().split()),
+        git_unread=tuple(data["git_config"]["unread"].lower().split()),
         command_variables=frozenset(variables["commands"].split()),
         startup_variables=frozenset(variables["startup"].split()),
         prompt_variables=frozenset(variables["prompts"].split()),
@@ -229,6 +237,9 @@ def split_string(option: str, rest: list[str | None], unresolved: list[str]) -> 
         value = attached or (rest.pop(0) if rest else None)
     if value is None:
         unresolved.append("env -S splits a string known only at run time")
+        return None
+    if "\\" in value or "$" in value:
+        unresolved.append("env -S splits a string with escapes or variables of its own (\\_, ${NAME})")
         return None
     try:
         return [*shlex.split(value), *rest]

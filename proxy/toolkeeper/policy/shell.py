@@ -22,51 +22,13 @@ from functools import lru_cache
 import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
 
+from toolkeeper.policy.arithmetic import ArithmeticReading
+from toolkeeper.policy.grammar import ARITHMETIC, ARITHMETIC_NODES, EXPANSIONS, NODE_KINDS, TOKENS, WRITING
 from toolkeeper.policy.words import literal, text_of, words_of
 
 _BASH = Language(tree_sitter_bash.language())
 _PARSERS = threading.local()  # a parser is not for two threads at once (the console replays in a thread)
 
-# Redirections that write to their target (`2>&1` is a duplication, not a file, when its target is a number).
-WRITING = {">", ">>", ">|", "&>", "&>>", "<>", ">&"}
-_EXPANSIONS = {"simple_expansion", "expansion", "command_substitution", "process_substitution",
-               "arithmetic_expansion"}
-# Builtins that evaluate some arguments as arithmetic (or run a callback): `[[` and `declare` are nodes of their own.
-ARITHMETIC = frozenset({"let", "test", "[", "read", "mapfile", "readarray", "printf", "export", "local",
-                        "declare", "typeset", "readonly", "unset", "shift", "return", "exit"})
-
-
-# How the walk reads each kind of named node tree-sitter-bash declares; a kind not here is not read, and the
-# command is unresolved (tests/test_command_rules.py holds this table to the grammar's own list).
-NODE_KINDS: dict[str, str] = {
-    # statements: each child read in turn (the commands in them are reported)
-    **dict.fromkeys(("program", "list", "pipeline", "subshell", "compound_statement", "if_statement",
-                     "elif_clause", "else_clause", "while_statement", "for_statement", "c_style_for_statement",
-                     "do_group", "case_statement", "case_item", "function_definition", "negated_command",
-                     "redirected_statement", "variable_assignments"), "statement"),
-    "command": "simple command", "command_name": "simple command",
-    "variable_assignment": "assignment", "declaration_command": "assignment", "unset_command": "assignment",
-    "test_command": "test",
-    # redirections and their parts
-    **dict.fromkeys(("file_redirect", "heredoc_redirect", "herestring_redirect", "heredoc_start",
-                     "heredoc_body", "heredoc_content", "heredoc_end", "file_descriptor"), "redirection"),
-    # words: read by literal(); what they cannot know is None (a value known only at run time)
-    **dict.fromkeys(("word", "string", "raw_string", "ansi_c_string", "translated_string", "concatenation",
-                     "string_content", "number", "simple_expansion", "expansion", "command_substitution",
-                     "process_substitution", "arithmetic_expansion", "brace_expression", "array",
-                     "extglob_pattern", "special_variable_name", "variable_name", "subscript", "regex"), "word"),
-    # expressions of tests and arithmetic: their words read for the substitutions in them
-    **dict.fromkeys(("binary_expression", "unary_expression", "ternary_expression", "postfix_expression",
-                     "parenthesized_expression", "test_operator"), "expression"),
-    "comment": "comment",
-}
-# The tokens bash's grammar writes as punctuation and keywords; each is read for what it is only when its text
-# is itself (tree-sitter hands `-rf$` to a `$` token in `rm -rf$"" /x`: such a token is not read).
-_PUNCTUATION = """! != " # ## $ $( $(( $[ $` ${ % %% %= & && &= &> &>> ( (( ) )) * ** **= *= + ++ += , ,, - -- -=
-    -a -o .. / /# /% // /= : :+ :- := :? ; ;& ;; ;;& < <& <&- <( << <<- <<< <<= <= = == =~ > >& >&- >( >= >> >>= >|
-    ? @ A E K L P Q U [ [[ ] ]] ^ ^= ^^ ` `` a case declare do done elif else esac export fi for function if in k
-    local readonly select then typeset u unset unsetenv until while { | |& |= || } ~"""
-TOKENS = frozenset(_PUNCTUATION.split())
 
 
 @dataclass(frozen=True)
@@ -92,6 +54,9 @@ def parse_script(text: str) -> ParsedScript:
     source = text.encode("utf-8", "surrogatepass")
     tree = _parser().parse(source)
     walk = _Walk(source)
+    if any(blank in text for blank in "\r\v\f"):
+        # tree-sitter takes them for blanks, bash for a word's characters (`echo a\r#; rm -rf ~` runs rm)
+        walk.problems.append("a carriage return, vertical tab or form feed, which bash and its grammar read apart")
     walk.visit(tree.root_node, _Context())
     return ParsedScript(tuple(walk.commands), tuple(walk.problems))
 
@@ -111,11 +76,12 @@ class _Context:
     reads: tuple[str | None, ...] = ()
 
 
-class _Walk:
+class _Walk(ArithmeticReading):
     def __init__(self, source: bytes) -> None:
         self.source = source
         self.commands: list[SimpleCommand] = []
         self.problems: list[str] = []
+        self.tainted: set[str] = set()  # variables whose text may hold a substitution (see _arithmetic_reads)
 
     def visit(self, node: Node, context: _Context) -> None:
         if not self._readable(node) or not node.is_named:
@@ -143,6 +109,8 @@ class _Walk:
         else:
             if kind == "test_command":
                 self._arithmetic(node)
+            if kind in ARITHMETIC_NODES or (kind == "compound_statement" and text_of(node).startswith("((")):
+                self._arithmetic_reads(node)
             for child in node.children:
                 self.visit(child, context)
 
@@ -215,7 +183,7 @@ class _Walk:
         for child in node.children:
             if not self._readable(child):
                 return None, "", []
-            if child.type in _EXPANSIONS or child.type in ("string", "concatenation", "heredoc_body"):
+            if child.type in EXPANSIONS or child.type in ("string", "concatenation", "heredoc_body"):
                 self._nested(child)
             if child.type == "file_descriptor":
                 descriptor = text_of(child)
@@ -238,8 +206,12 @@ class _Walk:
         elif node.type == "heredoc_redirect":
             self._after_heredoc(node)
             body = next((c for c in node.named_children if c.type == "heredoc_body"), None)
-            known = body is None or not any(c.type in _EXPANSIONS for c in body.named_children)
+            known = body is None or not any(c.type in EXPANSIONS for c in body.named_children)
             text = (text_of(body) if body is not None else "") if known else None
+            start = next((text_of(c) for c in node.named_children if c.type == "heredoc_start"), "")
+            if body is not None and "`" in text_of(body) and not any(q in start for q in "'\"\\"):
+                # the shell runs an unquoted heredoc's backticks; its grammar gives them no node to read
+                self.problems.append("backticks in a heredoc, which toolkeeper does not read")
         if descriptor not in (None, "0"):
             descriptors.append((descriptor, text))  # type: ignore[arg-type]
             return None, "", []
@@ -263,6 +235,10 @@ class _Walk:
         if node.type in ("command_substitution", "process_substitution"):
             self.visit(node, _Context())
             return
+        if node.type in ARITHMETIC_NODES:
+            self._arithmetic_reads(node)
+        if node.type == "expansion" and "@P" in text_of(node):  # `${x@P}` expands x as a prompt: runs its $(...)
+            self.problems.append("a prompt expansion (@P) runs what the variable holds")
         if node.is_named and (node.type == "command" or NODE_KINDS[node.type] == "statement"):
             # a command where bash reads a word (`echo (rm -rf /x)`: fish's substitution, a syntax error to bash)
             self.problems.append(f"a {node.type} where bash expects a word")
@@ -308,6 +284,9 @@ class _Walk:
         words.extend(extra or ())
         if words and words[0] in ARITHMETIC:
             self._arithmetic(node)
+            self._taint_targets(node, words, stdin)
+            if words[0] == "let":
+                self._arithmetic_reads(node)
         self.commands.append(SimpleCommand(tuple(words), tuple(writes), stdin, fed, tuple(reads),
                                            tuple(assignments), tuple(descriptors)))
 
@@ -319,6 +298,8 @@ class _Walk:
         name_node, value_node = node.child_by_field_name("name"), node.child_by_field_name("value")
         name = text_of(name_node) if name_node is not None else ""
         value = literal(value_node) if value_node is not None else ""
+        if value_node is not None and self._taints(value, value_node):
+            self.tainted.add(name.split("[", 1)[0])
         if value is None or (value_node is not None and value_node.type == "array"):
             self._arithmetic(node)
             return name, None
@@ -343,20 +324,6 @@ class _Walk:
                     "$(" in text or "`" in text or "=(" in text):
                 self.problems.append(f"{text_of(node).split()[0]} may evaluate a quoted argument again")
         self.commands.append(SimpleCommand((), assignments=tuple(assignments)))
-
-    def _arithmetic(self, node: Node) -> None:
-        """Builtins that evaluate a word as arithmetic run the command substitutions in an array subscript, even
-        a single-quoted one (`let 'a[$(rm -rf /)]'`): such a word is not read, it fails closed."""
-        stack = [node]
-        while stack:
-            found = stack.pop()
-            if found.type in ("word", "raw_string", "string", "concatenation"):
-                text = text_of(found)
-                if "[" in text and ("$(" in text or "`" in text):
-                    self.problems.append("a word bash may evaluate as arithmetic holds a command substitution")
-                    return
-                continue
-            stack.extend(found.children)
 
 
 def _redirected(kind: str, target: str | None, writes: list[str | None], reads: list[str | None],

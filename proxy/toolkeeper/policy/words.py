@@ -66,7 +66,8 @@ def unescape(text: str) -> str:
 
 def _ansi_c(body: str) -> str | None:
     try:
-        return codecs.decode(body.replace("\\'", "'").encode("latin-1", "backslashreplace"), "unicode_escape")
+        decoded = codecs.decode(body.replace("\\'", "'").encode("latin-1", "backslashreplace"), "unicode_escape")
+        return decoded.split("\0", 1)[0]  # bash ends the word at a NUL (`$'rm\0x'` is rm)
     except (UnicodeDecodeError, ValueError):
         return None
 
