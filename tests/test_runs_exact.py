@@ -15,7 +15,7 @@ import yaml
 
 from toolkeeper.policy import load_rules, policy_input
 from toolkeeper.policy.globs import braces, overlap
-from toolkeeper.policy.paths import folder, name_matches, one_of, under
+from toolkeeper.policy.paths import folder, name_matches, one_of, reaches, under
 
 HOMES = (folder("~/.aws"), folder("~/.ssh"))
 
@@ -41,7 +41,7 @@ def test_braces_are_the_words_they_stand_for():
     ("/home/*/.aws/credentials", None), ("/Users/*/.ssh/id_rsa", None), ("/home/*/.ssh", None),
     ("/home/me/*/credentials", None), ("/home/me/.ssh/*", True), ("~/.ss?/x", None), (".ss?/x", None),
     ("/home/*", False), ("/home/me/proj/*", False), ("src/*.py", False), ("**/*.py", False), ("*/x", False),
-    ("/etc/*", False),
+    ("/etc/*", False), ("**/.aws/x", None), ("src/**/.ssh/x", None), ("**/credentials", False),
 ])
 def test_a_pattern_is_under_a_folder_when_some_path_it_matches_may_be(path, answer):
     assert under(path, HOMES, None) is answer
@@ -153,3 +153,99 @@ def test_a_folder_is_absolute_from_home_or_the_working_directory(tmp_path):
     path.write_text(yaml.safe_dump({"rules": [rule("deny", {"under": ["build"]})]}))
     with pytest.raises(Exception, match=r"or \. for the working directory"):
         load_rules(path)
+
+
+@pytest.mark.parametrize("path", [
+    "/proc/self/root/root/.aws/credentials", "/proc/self/cwd/../.aws/credentials", "/proc/1/cwd", "/proc/self/root",
+    "/proc/self/fd/3", "/proc/self/fd/3/x", "/dev/fd/5", "/dev/fd/0/../x", "/dev/stdin/..", "/proc/1/task/1/root/x",
+    "/proc/*/root/x", "/pro?/1/cwd/x", "/tmp/../proc/self/root/etc", "//proc/./self/root/x",
+])
+def test_a_path_through_a_link_to_a_folder_anywhere_may_be_anywhere(path):
+    assert under(path, HOMES, None) is None and under(path, (folder("/etc"),), "/home/me") is None
+    assert one_of(path, (folder("/"), folder("~")), None) is None
+
+
+@pytest.mark.parametrize("path", ["/proc/cpuinfo", "/proc/self/status", "/dev/fd/2", "/proc/self/fd/1", "/dev/stdin",
+                                  "/dev/null", "/procx/self/root/x"])
+def test_other_files_of_proc_and_dev_are_files(path):
+    assert under(path, HOMES, None) is False and name_matches(path, (".env",)) is False
+
+
+def test_the_name_of_a_link_or_of_the_folder_above_one_is_not_written():
+    assert name_matches("/proc/self/fd/7", (".env",)) is None
+    assert name_matches("/proc/self/cwd/..", (".env",)) is None
+    assert name_matches("/proc/self/cwd/.env", (".env",)) is True
+    assert name_matches("/proc/self/cwd/README.md", (".env",)) is False
+
+
+@pytest.mark.parametrize(("path", "workdir", "answer"), [
+    ("~", None, None), ("/", None, None), ("/home", None, None), ("/root", None, None), ("~/.aws/x", None, True),
+    (".", "/home/me", None), (".", "/home/me/proj", False), ("/home/me/proj", None, False), ("src", None, False),
+    (".", None, False), ("README.md", None, False), ("src/**/*.ts", None, False), ("/tmp", None, False),
+])
+def test_a_folder_reaches_the_folders_below_it(path, workdir, answer):
+    assert reaches(path, HOMES, workdir) is answer
+
+
+@pytest.mark.parametrize(("arguments", "workdir", "effect"), [
+    ({"pattern": "**/.aws/*", "path": "/root"}, None, "deny"), ({"pattern": ".a*/credentials", "path": "~"}, None, "deny"),
+    ({"pattern": "**/*", "path": "/home/me"}, None, "deny"), ({"pattern": "*/.ssh/*", "path": "/home"}, None, "deny"),
+    ({"pattern": "**/*"}, "/home/me", "deny"), ({"pattern": "x", "path": "/home/me/.ssh"}, None, "deny"),
+    ({"pattern": "*.md", "path": "~"}, None, "none"), ({"pattern": "**/*.py", "path": "src"}, None, "none"),
+    ({"pattern": "**/*"}, "/home/me/proj", "none"), ({"pattern": "/srv/**/*.py", "path": "~"}, None, "none"),
+    ({"path": "~"}, None, "none"),
+])
+def test_a_pattern_is_read_from_the_folder_the_call_names(tmp_path, arguments, workdir, effect):
+    joined = rule("deny", {"under": ["~/.aws", "~/.ssh"]}, "pattern from path|dir_path", "Glob")
+    assert decide(joined, tmp_path, arguments, "Glob", workdir) == effect
+
+
+def test_a_pattern_read_from_a_folder_is_each_pattern_after_each_folder():
+    from toolkeeper.policy.conditions import Alternatives, dotted
+    assert dotted({"include": ["a/*", "/x"], "dir": "/r"}, "include from dir") == (True, ["/r/a/*", "/x"])
+    assert dotted({"glob": "*.py"}, "glob from path") == (True, "*.py")
+    assert dotted({"path": "/r"}, "glob from path") == (False, None)
+    present, value = dotted({"p": "x", "a": "/1", "b": "/2/"}, "p from a|b")
+    assert present and isinstance(value, Alternatives) and list(value) == ["/1/x", "/2/x"]
+
+
+@pytest.mark.parametrize(("command", "effect"), [
+    ("rm -* /x", "deny"), ("rm -[r]f /x", "deny"), ("rm --rec* /x", "deny"), ("rm -rf -* /x", "deny"),
+    ("rm -f /x", "none"), ("rm -- -* /x", "none"), ("rm --include=* /x", "none"),
+])
+def test_flags_from_a_pattern_the_shell_expands_are_not_known(tmp_path, command, effect):
+    assert decide(rule("deny", {"runs": {"program": "rm", "flags": ["r"]}}), tmp_path, {"command": command}) == effect
+
+
+def test_an_argument_that_matches_only_with_case_folded_asks_and_never_allows(tmp_path):
+    keys = {"runs": {"program": "tool", "arguments": ["*.push=+*"]}}
+    assert decide(rule("ask", keys), tmp_path, {"command": "tool -c REMOTE.ORIGIN.PUSH=+HEAD:main"}) == "ask"
+    assert decide(rule("allow", keys), tmp_path, {"command": "tool -c REMOTE.ORIGIN.PUSH=+HEAD:main"}) == "none"
+    assert decide(rule("allow", keys), tmp_path, {"command": "tool -c remote.origin.push=+HEAD:main"}) == "allow"
+    assert decide(rule("ask", keys), tmp_path, {"command": "tool -c remote.origin.push=HEAD:main"}) == "none"
+
+
+SYSTEM = {"runs": {"writes_under": ["/etc", "/usr"]}}
+
+
+@pytest.mark.parametrize(("command", "workdir", "effect"), [
+    ("tar -C /etc -xf x.tar", None, "deny"), ("tar xf x.tar -C /etc", None, "deny"), ("cd /etc && tar -x", None, "deny"),
+    ("tar -xf x.tar", "/etc", "deny"), ("tar -czf /etc/x.tgz .", None, "deny"), ("sort -o /etc/hosts x", None, "deny"),
+    ("sort -o/etc/hosts x", None, "deny"), ("sort --output=/etc/hosts x", None, "deny"),
+    ("curl -sSLo /etc/x https://x", None, "deny"), ("curl --output-dir /usr/bin -O https://x", None, "deny"),
+    ("wget -P /usr/bin https://x", None, "deny"), ("link x /etc/x", None, "deny"), ("cp -t /etc x", None, "deny"),
+    ("cp a b /etc/", None, "deny"), ("install -m 644 x /etc/x", None, "deny"), ("dd if=x of=/etc/x", None, "deny"),
+    ("tee -a /etc/x", None, "deny"), ("ln -sf x /etc/x", None, "deny"), ("unzip x.zip -d /etc", None, "deny"),
+    ("sed -i s/a/b/ /etc/hosts", None, "deny"), ("gcc -o /usr/bin/x x.c", None, "deny"), ("sudo -e /etc/x", None, "deny"),
+    ("echo /etc/x | xargs tee", None, "deny"), ("rsync -a x /usr/ --exclude y", None, "deny"),
+    ("curl -K cfg https://x", None, "deny"), ("wget -e output_document=/etc/x https://x", None, "deny"),
+    ("tar -xPf x.tar", None, "deny"), ("gzip /etc/hosts", None, "deny"), ("split -b 1k x /etc/x", None, "deny"),
+    ("wget -e robots=off https://x", None, "none"), ("gzip -c /etc/hosts", None, "none"),
+    ("tar -C /etc -czf /tmp/x.tgz .", None, "none"), ("tar -tf /usr/x.tar", None, "none"),
+    ("tar -xf /usr/x.tar", "/home/me/p", "none"), ("sort /etc/hosts -o /tmp/x", None, "none"),
+    ("curl --cacert /etc/ssl/ca.crt -o out https://x", None, "none"), ("cp /etc/hosts x", None, "none"),
+    ("sed s/a/b/ /etc/hosts", None, "none"), ("gcc -I/usr/include -o build/x x.c", None, "none"),
+    ("rsync -a /usr/share/x build/", None, "none"), ("cat /etc/hosts; ls /usr/bin", None, "none"),
+])
+def test_writes_under_reads_what_the_programs_it_knows_write(tmp_path, command, workdir, effect):
+    assert decide(rule("deny", SYSTEM), tmp_path, {"command": command}, workdir=workdir) == effect

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from toolkeeper.common import Strict, regex
-from toolkeeper.policy import globs, paths
+from toolkeeper.policy import globs, outputs, paths
 from toolkeeper.policy.commands import Command, Resolution, commands_of_argv, commands_of_script
 from toolkeeper.policy.flags import all_of, has_flags, starts
 
@@ -39,7 +39,7 @@ class RunsTest(Strict):
     flags: tuple[str, ...] | None = None  # every one of these short flags, however written
     prefix: tuple[str, ...] | tuple[tuple[str, ...], ...] | None = None  # its argv starts so (any of)
     arguments: tuple[str, ...] | None = None  # one of its arguments matches one of these globs (+*, --force*)
-    writes_under: tuple[str, ...] | None = None  # it redirects output under one of these
+    writes_under: tuple[str, ...] | None = None  # it writes under one of these (a redirection, outputs.py)
     under: tuple[str, ...] | None = None  # a path it names (an argument, a redirection) is under one of these
     not_under: tuple[str, ...] | None = None  # a path it names is under none of these (`.`: the working directory)
     targets: tuple[str, ...] | None = None  # a path it names is one of these itself (or `/*` over one)
@@ -93,8 +93,9 @@ class RunsTest(Strict):
         answers = []
         if self.writes_under is not None:
             folders = self.writes_under
-            answers.append(paths.of_command(command, list(command.writes), workdir,
-                                            lambda path: paths.under(path, folders, workdir), closed=False))
+            written = [*command.writes, *outputs.written_by(command)]
+            answers.append(paths.of_command(command, written, workdir, lambda path: paths.under(path, folders, workdir),
+                                            closed=outputs.is_writer(command)))
         named = [*paths.named_in(command), *command.writes, *command.reads]
         for test in self._path_tests(workdir):
             answers.append(paths.of_command(command, named, workdir, test))
@@ -108,11 +109,14 @@ PathTest = Callable[[str | None], paths.Answer]
 
 
 def _path_tests(workdir: str | None, under: tuple[str, ...] | None, not_under: tuple[str, ...] | None,
-                names: tuple[str, ...] | None, targets: tuple[str, ...] | None = None) -> list[PathTest]:
+                names: tuple[str, ...] | None, targets: tuple[str, ...] | None = None,
+                reaches: tuple[str, ...] | None = None) -> list[PathTest]:
     """The tests of one path that a test's keys ask for, each with the working directory `.` stands for."""
     tests: list[PathTest] = []
     if under is not None:
         tests.append(lambda path: paths.under(path, under, workdir))
+    if reaches is not None:
+        tests.append(lambda path: paths.reaches(path, reaches, workdir))
     if not_under is not None:
         tests.append(lambda path: _negated(paths.under(path, not_under, workdir)))
     if targets is not None:
@@ -128,11 +132,18 @@ def _negated(answer: paths.Answer) -> paths.Answer:
 
 def _some_argument(command: Command, patterns: tuple[str, ...]) -> paths.Answer:
     """One of the command's arguments (as bash makes them) matches one of the globs; one known only at run
-    time (a variable, what xargs adds) may."""
+    time (a variable, what xargs adds) may, and so may one that matches only with case folded (a program may
+    read it so: git's config keys, `-c REMOTE.ORIGIN.PUSH=...`)."""
     answers: list[paths.Answer] = [None] if command.open_arguments else []
     for word in command.argv[1:]:
-        answers.append(None if word is None else any(fnmatch.fnmatchcase(word, glob) for glob in patterns))
+        answers.append(None if word is None else _argument_matches(word, patterns))
     return paths.any_of(answers)
+
+
+def _argument_matches(word: str, patterns: tuple[str, ...]) -> paths.Answer:
+    if any(fnmatch.fnmatchcase(word, glob) for glob in patterns):
+        return True
+    return None if any(fnmatch.fnmatchcase(word.lower(), glob.lower()) for glob in patterns) else False
 
 
 def _resolution(value: Any, kind: str) -> Resolution | None:
@@ -183,8 +194,8 @@ def runs_hold(tests: Runs, value: Any, restricts: bool, scope: Scope) -> bool:
     if restricts:
         if any(answer is None for _, answer in answers) and not any(answer for _, answer in answers):
             scope.notes.append("part of the command is known only at run time (a variable, a pattern the shell "
-                               "expands, or where a path lies while the working directory is not known), so it "
-                               "counts as matching")
+                               "expands, where a path lies while the working directory is not known, or a word "
+                               "a program may read with case folded), so it counts as matching")
         return any(answer is not False for _, answer in answers)
     decisive = [answer for command, answer in answers if not command.transparent]
     return bool(decisive) and all(answer is True for answer in decisive)
@@ -197,7 +208,10 @@ class Alternatives(tuple):  # type: ignore[type-arg]
 
 def dotted(arguments: Any, path: str) -> tuple[bool, Any]:
     """A value by its dotted path (`input.path`): (present, value); `a|b` names either argument (a value that
-    is Alternatives, when any is present)."""
+    is Alternatives, when any is present); `a from b`, the paths or patterns of `a` as read from the folder `b`
+    names (`pattern from path`: Glob's pattern `**/.aws/*` in its path `/root` is `/root/**/.aws/*`)."""
+    if " from " in path:
+        return _read_from(arguments, *(part.strip() for part in path.split(" from ", 1)))
     if "|" in path:
         found = [value for present, value in (dotted(arguments, one) for one in path.split("|")) if present]
         return bool(found), Alternatives(found) if found else None
@@ -207,6 +221,30 @@ def dotted(arguments: Any, path: str) -> tuple[bool, Any]:
             return False, None
         value = value[part]
     return True, value
+
+
+def _read_from(arguments: Any, patterns: str, folders: str) -> tuple[bool, Any]:
+    """The values of `patterns`, each relative one joined after each folder of `folders` (as it is where the
+    call names none: relative to the working directory)."""
+    present, value = dotted(arguments, patterns)
+    if not present:
+        return False, None
+    named, where = dotted(arguments, folders)
+    places = [place for place in (where if isinstance(where, Alternatives) else [where]) if isinstance(place, str)]
+    if not named or not places:
+        return True, value
+    values = value if isinstance(value, Alternatives) else [value]
+    joined = [_joined(one, place) for one in values for place in places]
+    return True, joined[0] if len(joined) == 1 else Alternatives(joined)
+
+
+def _joined(value: Any, place: str) -> Any:
+    """A path or pattern (or a list of them) read from the folder `place`: a relative one joined after it."""
+    if isinstance(value, list):
+        return [_joined(entry, place) for entry in value]
+    if not isinstance(value, str) or value.startswith(("/", "~")) or not place:
+        return value
+    return place.rstrip("/") + "/" + value if place.rstrip("/") else "/" + value
 
 
 COMMAND_ARGUMENTS = ("command", "cmd", "action.commands", "action.command")  # the agents' shell tools' (explain)
@@ -242,6 +280,7 @@ class ValueTest(Strict):
     present: bool | None = None
     under: tuple[str, ...] | None = None  # a path (or paths) under one of these folders
     not_under: tuple[str, ...] | None = None  # a path (or paths) under none of these folders
+    reaches: tuple[str, ...] | None = None  # a path under one of these, or a folder above one (searched whole)
     names: tuple[str, ...] | None = None  # a path (or paths) whose base name one of these globs may match
     runs: Runs | None = None  # a command line or an argv that runs a matching command
 
@@ -252,7 +291,7 @@ class ValueTest(Strict):
     def _pattern(cls, value: str | None) -> str | None:
         return regex(value)
 
-    @field_validator("under", "not_under", mode="before")
+    @field_validator("under", "not_under", "reaches", mode="before")
     @classmethod
     def _folders(cls, value: Any) -> Any:
         return _folders(value)
@@ -290,7 +329,7 @@ class ValueTest(Strict):
         return self.below is None or (numeric and value < self.below)
 
     def _paths_hold(self, value: Any, restricts: bool, scope: Scope) -> bool:
-        tests = _path_tests(scope.workdir, self.under, self.not_under, self.names)
+        tests = _path_tests(scope.workdir, self.under, self.not_under, self.names, reaches=self.reaches)
         return all(_each_path(value, test, restricts, scope) for test in tests)
 
     def _found(self, value: Any, restricts: bool) -> bool:
@@ -314,11 +353,17 @@ def _each_path(value: Any, test: PathTest, restricts: bool, scope: Scope) -> boo
     if not restricts:
         return all(answer is True for answer in answers)
     if None in answers and True not in answers:
-        patterns = any(word is None or globs.has_magic(word) for word in words)
-        scope.notes.append("a pattern may name a file there (the files it matches decide), so it counts as "
-                           "matching" if patterns else "a relative path may lie there, and the working directory "
-                           "is not known, so it counts as matching")
+        scope.notes.append(_why_unknown(words, scope.workdir) + ", so it counts as matching")
     return any(answer is not False for answer in answers)
+
+
+def _why_unknown(words: list[str | None], workdir: str | None) -> str:
+    if any(word is None or globs.has_magic(word) for word in words):
+        return "a pattern may name a file there (the files it matches decide)"
+    if workdir is None and any(not word.startswith(("/", "~")) for word in words if word is not None):
+        return "a relative path may lie there, and the working directory is not known"
+    return ("where the path leads is known only where it runs (whose home `~` is, a folder above one, which a "
+            "search reads whole, or a link such as /proc/self/root, which may lead anywhere)")
 
 
 class ArgvTest(Strict):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from toolkeeper.policy import paths
+from toolkeeper.policy import globs, paths
 from toolkeeper.policy.commands import Command
 
 # Long options that are a short flag by another name, per program: `rm --recursive --force` is `rm -rf`.
@@ -13,7 +13,12 @@ LONG_FLAGS: dict[str, dict[str, str]] = {
     "chmod": {"recursive": "R"}, "chown": {"recursive": "R"}, "chgrp": {"recursive": "R"},
     "git": {"force": "f", "hard": "hard", "delete": "d"}, "mv": {"force": "f"}, "ln": {"force": "f", "symbolic": "s"},
     "sed": {"in-place": "i"},
+    "tar": {"extract": "x", "get": "x", "create": "c", "append": "r", "update": "u", "absolute-names": "P"},
+    "curl": {"remote-name": "O", "remote-name-all": "O"}, "cpio": {"extract": "i", "create": "o", "pass-through": "p"},
+    **{name: {"stdout": "c", "to-stdout": "c", "test": "t", "list": "l"} for name in ("gzip", "gunzip", "bzip2", "xz",
+                                                                                    "zstd")},
 }
+BUNDLED_FIRST = frozenset({"tar"})  # its first word may be its flags without a dash: `tar xzf x.tgz`
 # Every long option, for the programs that take any unambiguous start of one (GNU's getopt_long): --recur --forc.
 LONG_OPTIONS: dict[str, tuple[str, ...]] = {
     "rm": ("force", "interactive", "one-file-system", "no-preserve-root", "preserve-root", "recursive", "dir",
@@ -65,9 +70,12 @@ def has_flags(command: Command, wanted: tuple[str, ...]) -> paths.Answer:
     aliases = LONG_FLAGS.get(command.program or "", {})
     found: set[str] = set()
     unknown = command.open_arguments
-    for word in command.argv[1:]:
-        if word is None:
-            unknown = True
+    words = command.argv[1:]
+    if command.program in BUNDLED_FIRST and words and words[0] and not words[0].startswith("-"):
+        words = ("-" + words[0], *words[1:])
+    for word in words:
+        if word is None or _may_expand(word):
+            unknown = True  # known at run time: a pattern the shell expands (`rm -* x`, once `-rf` is a file)
         elif word == "--":
             break
         elif word.startswith("--"):
@@ -77,6 +85,11 @@ def has_flags(command: Command, wanted: tuple[str, ...]) -> paths.Answer:
     if all(flag in found for flag in wanted):
         return True
     return None if unknown else False
+
+
+def _may_expand(word: str) -> bool:
+    """An option word with a wildcard in its name: the shell may make it other options (`-*` is `-rf`)."""
+    return word.startswith("-") and globs.has_magic(word.partition("=")[0] if word.startswith("--") else word)
 
 
 def _long_option(program: str, given: str) -> str:

@@ -19,6 +19,11 @@ under a folder when it climbs out with `..`, or when it starts with the
 folder's own last parts (`.ssh/id_rsa` for `~/.ssh`), so the answer is None
 (unknown) and deny rules fail closed on it; any other is taken as inside the
 project.
+
+A path through a link the kernel follows to a folder anywhere (a process's root or working directory,
+`/proc/self/root/...`, `/proc/1/cwd/../x`, or an open descriptor, `/proc/self/fd/3/...`, `/dev/fd/3`) may be
+any path: its answer is None for every test, and a `..` after the link is kept (the kernel follows the link
+first). The standard streams themselves (`/dev/fd/2`, `/proc/self/fd/1`) are files like any other.
 """
 
 from __future__ import annotations
@@ -41,6 +46,11 @@ HOMES = re.compile(r"^(/home/[^/]+|/Users/[^/]+|/root|/var/root|" + re.escape(OW
 HOME_PATTERNS = ("/home/*", "/Users/*", "/root", "/var/root", OWN_HOME)  # what a `~` may be, as patterns
 GLOB_TAIL = re.compile(r"(/(\.?\*|\{,\.\}\*|\.\[!.\]\*|\.\?\?\*))+/*$")  # /*  /.*  /{,.}*  /.[!.]*  /.??*
 WORKDIR = "."  # in a rule's folders: the agent's working directory
+# Links to a folder anywhere, as parts (`*`: any one): a process's root and working directory, its descriptors
+LINKS = tuple(tuple(link.split("/")) for link in (
+    "proc/*/root", "proc/*/cwd", "proc/*/fd/*", "proc/*/map_files/*", "proc/*/task/*/root", "proc/*/task/*/cwd",
+    "proc/*/task/*/fd/*", "dev/fd/*", "dev/stdin", "dev/stdout", "dev/stderr"))
+STREAMS = frozenset({"0", "1", "2", "stdin", "stdout", "stderr"})  # a link that ends so is a stream: a file
 
 
 def any_of(answers: Iterable[Answer]) -> Answer:
@@ -69,10 +79,47 @@ def resolve(path: str, workdir: str | None) -> str:
         path = "~" + path[path.index("/"):] if "/" in path else "~"
     if not path.startswith(("/", "~")) and workdir:
         path = posixpath.join(workdir, path)
-    normal = posixpath.normpath(path)
+    normal = _normal(path)
     if path.startswith("~") and not normal.startswith("~"):
-        normal = posixpath.normpath(os.path.expanduser(path))  # above the home: only toolkeeper's own can say
-    return "/" + normal.lstrip("/") if normal.startswith("/") else normal  # normpath keeps a leading //
+        normal = _normal(os.path.expanduser(path))  # above the home: only toolkeeper's own can say
+    return normal
+
+
+def _normal(path: str) -> str:
+    """`posixpath.normpath`, one leading slash, except that a `..` after a link to a folder anywhere is kept."""
+    if not path.startswith("/"):
+        return posixpath.normpath(path)
+    given = [part for part in path.split("/") if part not in ("", ".")]
+    parts: list[str] = []
+    for index, part in enumerate(given):
+        if part != "..":
+            parts.append(part)
+        elif parts:
+            parts.pop()
+        if _is_link(parts):
+            parts += given[index + 1:]
+            break
+    return "/" + "/".join(parts)
+
+
+def _is_link(parts: list[str]) -> bool:
+    """Whether the path these parts make (or some path the pattern they make matches) may be such a link."""
+    return _may_be_proc(parts) and any(_parts_meet(parts, list(link), exact=True) for link in LINKS)
+
+
+def _may_be_proc(parts: list[str]) -> bool:
+    return bool(parts) and (parts[0].lower() in ("proc", "dev") or globs.has_magic(parts[0]))
+
+
+def through_link(path: str) -> bool:
+    """Whether the resolved path may lead through a link to a folder anywhere, so that it may be any path. A
+    standard stream itself (`/dev/fd/2`, `/dev/stdin`) is a file; a path below one is not."""
+    parts = _parts(path)
+    if not path.startswith("/") or not _may_be_proc(parts):
+        return False
+    if parts[-1].lower() in STREAMS and not globs.has_magic(path) and _is_link(parts):
+        return False
+    return any(_parts_meet(parts, list(link), exact=False) for link in LINKS)
 
 
 def _placed(path: str) -> bool:
@@ -142,14 +189,16 @@ def _pattern_meets(resolved: str, found: str, exact: bool) -> bool:
 
 def _relative(resolved: str, folders: tuple[str, ...]) -> Answer:
     """A relative path (or pattern), the working directory unknown: possibly in a folder when it climbs out, or
-    when it starts with the folder's own last parts, written out (`.ssh/x`, `.ss?/x`; not `*/x`: a part that
-    starts with a wildcard names no folder here, or `**/*.py` would be anywhere)."""
+    when it starts with the folder's own last parts, written out (`.ssh/x`, `.ss?/x`), or has them after a `**`,
+    which may be no part at all (`**/.aws/*`); not `*/x`: a part that starts with a wildcard names no folder
+    here, or `**/*.py` would be anywhere."""
     if resolved == ".." or resolved.startswith("../"):
         return None  # it climbs out of a working directory toolkeeper does not know
     parts = _parts(resolved)
+    starts = [0] + [index + 1 for index, part in enumerate(parts) if part == "**"]
     for found in folders:
         tail = [part for part in _parts(found) if part != "~"]
-        if any(_begins_as(parts, tail[-size:]) for size in range(1, len(tail) + 1)):
+        if any(_begins_as(parts[start:], tail[-size:]) for start in starts for size in range(1, len(tail) + 1)):
             return None
     return False
 
@@ -162,13 +211,21 @@ def _begins_as(parts: list[str], names: list[str]) -> bool:
 def under(path: str | None, folders: tuple[str, ...], workdir: str | None) -> Answer:
     """Whether `path` is one of `folders` (resolved by `folder`) or inside one; a pattern the shell expands
     (`~/.ss?/id_rsa`, `/home/*/.aws`) may be: unknown, when some path it matches is."""
-    if path is None or "\x00" in path:
+    if path is None or "\x00" in path or through_link(resolve(path, workdir)):
         return None
     answers = [_in_workdir(path, workdir, exact=False)] if WORKDIR in folders else []
     others = tuple(found for found in folders if found != WORKDIR)
     if others:
         answers.append(_under(path, others, workdir))
     return any_of(answers)
+
+
+def reaches(path: str | None, folders: tuple[str, ...], workdir: str | None) -> Answer:
+    """Whether `path` is in one of `folders`, or is a folder one of them may be in: a search, or a read of all
+    that is in it, reaches in from there (`~` and `/` reach `~/.aws`; `src` does not)."""
+    if path is None:
+        return None
+    return any_of([under(path, folders, workdir), under(posixpath.join(path or ".", "**"), folders, workdir)])
 
 
 def _under(path: str, folders: tuple[str, ...], workdir: str | None) -> Answer:
@@ -206,7 +263,7 @@ def one_of(path: str | None, folders: tuple[str, ...], workdir: str | None) -> A
     """Whether `path` is one of `folders` itself, or a pattern over everything in one (`/*`, `~/.*`): what `rm
     -rf` must never be given. A relative path where the working directory is not known: `.` and `..` may be
     anything (None); another relative path is inside the project (False)."""
-    if path is None or "\x00" in path:
+    if path is None or "\x00" in path or through_link(resolve(path, workdir)):
         return None
     if path.startswith(("*", ".*", "{,.}*")):
         path = "./" + path  # `rm -rf *`: everything in the folder it runs in
@@ -232,6 +289,9 @@ def name_matches(path: str | None, names: tuple[str, ...]) -> Answer:
     (`.env*`, `.en?`), unknown if some name could match both, the files there deciding."""
     if path is None:
         return None
+    resolved = resolve(path, None)
+    if through_link(resolved) and (resolved.endswith("/..") or _is_link(_parts(resolved))):
+        return None  # the link itself, or the folder above one: its name is not written
     name = posixpath.basename(path.rstrip("/"))
     if not globs.has_magic(name):
         return any(globs.matches(name, glob) for glob in names)
