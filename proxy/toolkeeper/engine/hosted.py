@@ -4,6 +4,11 @@
         allow: offered as it is     deny, ask: withheld from the request, recorded `withheld` with the rule
     the answer holds a call the server ran -> recorded `observed`: its arguments, its output's size and digest
 
+An MCP connector server's tools that no one names are offered as one,
+`mcp__<server>__*`: a rule in force that covers some of them by a pattern
+(`mcp__github__delete_*`) withholds that offer, since which tools it covers
+is not known before the server lists them (fail closed).
+
 The server runs such a call inside one answer, so no call of it can be
 stopped on its own. A rule that reads its arguments cannot be told them
 before it runs: for the offer its arguments are unknown, so a deny or ask
@@ -31,11 +36,17 @@ class HostedTools:
     def __init__(self, handler: CallHandler):
         self.handler = handler
 
-    async def offer(self, name: str, kind: str, config: Any, turn: TurnContext) -> bool:
-        """Whether a tool the model server runs may be offered in this request; one withheld is recorded."""
+    async def offer(self, name: str, kind: str, config: Any, turn: TurnContext, *, unnamed: bool = False) -> bool:
+        """Whether a tool the model server runs may be offered in this request; one withheld is recorded.
+        `unnamed`: the offer (`mcp__<server>__*`) lets the server run tools no one names, so a rule that covers some
+        of them by a pattern (`mcp__github__delete_*`) withholds it: which ones it covers is not known."""
         handler = self.handler
         document = handler.document(name, UNKNOWN_ARGUMENTS, None, turn, kind=kind, source="hosted")
         decision = await handler.policy.decide(document)
+        if decision.effect == "allow" and unnamed:
+            decision = handler.policy.unnamed_restricted(document) or decision
+            if decision.effect != "allow":
+                log.warning("%s: not offered, %s", name, decision.reason)
         if decision.effect == "allow":
             handler.metrics.shadowed(decision.shadow)  # an offer is no call: its matches are counted, not recorded
             return True

@@ -108,9 +108,8 @@ class McpDoor:
         self.engine = engine
         self.servers = servers
         self.store = store
-        self._reported: set[tuple[str, str, str]] = set()  # definition changes already in the trail
-        # the digest each tool was last found pinned with: the same definition again needs no look at the store
-        self._trusted: dict[tuple[str, str], str] = {}
+        # definition changes already in the trail: (server, tool, the pinned digest, the one served instead)
+        self._reported: set[tuple[str, str, str, str]] = set()
 
     @property
     def handler(self) -> Any:
@@ -130,10 +129,18 @@ class McpDoor:
                 continue
             if isinstance(tools, BaseException):
                 raise tools
+            pins = await self._server_pins(connection.spec)
             for tool in tools:
-                if await self._offered(connection.spec, tool, session):
+                if await self._offered(connection.spec, tool, session, pins):
                     listed.append({**tool, "name": connection.spec.proxied_name(tool["name"])})
         return listed
+
+    async def _server_pins(self, spec: McpServerSpec) -> dict[str, dict[str, Any]]:
+        """A server's pins in one read, for a listing; empty when unread (each tool is then read on its own)."""
+        try:
+            return await self.store.server_pins(spec.name) if self.store is not None else {}
+        except StoreError:
+            return {}
 
     def _declared_entries(self, session: McpSession) -> list[dict[str, Any]]:
         discovery = self._discovery(session)
@@ -146,30 +153,36 @@ class McpDoor:
         discovery.found |= session.found & discovery.searchable
         return discovery
 
-    async def _offered(self, spec: McpServerSpec, tool: dict[str, Any], session: McpSession) -> bool:
+    async def _offered(self, spec: McpServerSpec, tool: dict[str, Any], session: McpSession,
+                       pins: dict[str, dict[str, Any]]) -> bool:
         """Listed unless a rule denies it whatever its arguments, or its definition changed since pinned."""
         name = spec.proxied_name(tool["name"])
         document = self.handler.document(name, {}, None, session.turn(), source="mcp", tier=spec.tier)
         if self.handler.policy.denied_outright(document) is not None:
             return False
-        return await self._pinned(spec, tool) is None
+        return await self._pinned(spec, tool, pins.get(tool["name"])) is None
 
-    async def _pinned(self, spec: McpServerSpec, tool: dict[str, Any]) -> str | None:
-        """None when the definition is the pinned one (or is pinned now, first seen); else why it is withheld."""
+    async def _pinned(self, spec: McpServerSpec, tool: dict[str, Any], pin: dict[str, Any] | None = None) -> str | None:
+        """None when the definition is the pinned one (or is pinned now, first seen); else why it is withheld.
+
+        Checked against the store each time, never against what this process once found pinned: a person may
+        approve another definition at any time, from the CLI or another replica, and a definition trusted here
+        before is then a change like any other. The pin is read (nothing written) while the server gives the
+        pinned definition; anything else updates what it was seen to give. `pin`: as a listing just read it."""
         if self.store is None:
             return None
-        key, seen = (spec.name, tool["name"]), definition_digest(tool)
-        if self._trusted.get(key) == seen:
-            return None
+        seen = definition_digest(tool)
         try:
-            pin = await self.store.see_definition(spec.name, tool["name"], tool)
+            pin = pin or await self.store.pin(spec.name, tool["name"])
+            if pin is None or not pin["digest"] == pin["seen_digest"] == seen:
+                pin = await self.store.see_definition(spec.name, tool["name"], tool)
         except StoreError as exc:
             return f"toolkeeper could not check its pinned definition ({exc})"
         if not pin["changed"]:
-            self._trusted[key] = seen
             return None
-        if (spec.name, tool["name"], pin["seen_digest"]) not in self._reported:
-            self._reported.add((spec.name, tool["name"], pin["seen_digest"]))
+        reported = (spec.name, tool["name"], pin["digest"], pin["seen_digest"])
+        if reported not in self._reported:  # each change from each pinned definition once in the trail
+            self._reported.add(reported)
             await self._report_change(spec, pin)
         fields = ", ".join(changed_fields(pin["definition"], pin["seen_definition"]))
         return (f"its definition changed since it was approved ({fields}); an administrator must review the change "

@@ -17,6 +17,7 @@ A policy that cannot be evaluated decides deny (fail closed).
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +107,34 @@ class Policy:
         return {glob[len(prefix):] for glob in globs
                 if glob.startswith(prefix) and len(glob) > len(prefix) and not any(c in glob for c in "*?[")}
 
+    def unnamed_restricted(self, document: dict[str, Any]) -> Decision | None:
+        """For an offer that lets the model server run tools no one names (`mcp__<server>__*`, the connector's
+        tools that no `configs` entry or `allowed_tools` list names): the deny (or ask) of the first rule in force
+        that could cover one of them without covering the offer itself: its tool a pattern under the server's
+        prefix (`mcp__github__delete_*`), or none at all with other conditions a named tool would meet (`kind:
+        mcp_tool`). Which of the server's tools such a rule covers cannot be known before the model server lists
+        them, so the offer fails closed. None when no such rule is in force. OPA's rules cannot be read so: OPA
+        decides the offer `mcp__<server>__*` itself (`Policy.decide`)."""
+        name = document["tool"]["name"]
+        if not self.rules or not name.endswith("*"):
+            return None
+        prefix = name[:-1]
+        named = {**document, "tool": {**document["tool"], "kind": "mcp_tool"}}  # one of its tools, name unknown
+        try:
+            for rule in self.rules.rules:
+                if rule.effect == "allow" or rule.mode != "enforce":
+                    continue
+                globs = (rule.when.tool,) if isinstance(rule.when.tool, str) else rule.when.tool or ("*",)
+                reaching = [glob for glob in globs if any(c in glob for c in "*?[") and glob_reaches(glob, prefix)]
+                if reaching and rule.when.model_copy(update={"tool": None}).holds(named, restricts=True):
+                    return Decision(rule.effect, "rules", f"{rule.reason} (rule {rule.id} covers some of the server's "
+                                    f"tools by the pattern {reaching[0]}, and which ones is not known before the "
+                                    "model server lists them: only the tools named one by one and allowed are "
+                                    "offered)", rule.id, self.revision)
+        except Exception as exc:  # fail closed
+            return Decision("deny", "policy", f"the policy could not be evaluated ({exc!r})", None, self.revision)
+        return None
+
     def denied_outright(self, document: dict[str, Any]) -> Decision | None:
         """The YAML rules' deny of a tool whatever its arguments (a rule testing none): such a tool is not even
         offered. OPA, and the rules that test arguments, decide each call."""
@@ -123,3 +152,36 @@ class Policy:
             return dataclasses.replace(decision, shadow=self.rules.shadow(document)) if self.rules else decision
         except Exception as exc:  # fail closed
             return Decision("deny", "policy", f"the policy could not be evaluated ({exc!r})", None, self.revision)
+
+
+def _glob_tokens(glob: str) -> list[str]:
+    """A glob as fnmatch reads it: `*`, or a pattern of one character each (`?`, a `[...]` set, a literal)."""
+    tokens, at = [], 0
+    while at < len(glob):
+        end = at + 1
+        if glob[at] == "[":
+            close = glob.find("]", at + 1 + (glob[at + 1:at + 2] == "!") + 1)
+            end = close + 1 if close != -1 else end
+        tokens.append(glob[at:end])  # a lone `[` with no `]` after it is a literal, as fnmatch reads it
+        at = end
+    return tokens
+
+
+def glob_reaches(glob: str, prefix: str) -> bool:
+    """Whether `glob` matches some name that is `prefix` followed by at least one character: read `prefix` with it,
+    and see whether any of the glob is left to read."""
+    tokens = _glob_tokens(glob)
+
+    def closure(states: set[int]) -> set[int]:  # a `*` may match nothing
+        found = set(states)
+        for at in sorted(states):
+            while at < len(tokens) and tokens[at] == "*":
+                at += 1
+                found.add(at)
+        return found
+
+    states = closure({0})
+    for character in prefix:
+        states = closure({at if tokens[at] == "*" else at + 1 for at in states if at < len(tokens) and (
+            tokens[at] == "*" or fnmatch.fnmatchcase(character, tokens[at]))})
+    return any(at < len(tokens) for at in states)

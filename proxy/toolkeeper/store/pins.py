@@ -55,6 +55,18 @@ class Pins:
             (server, tool, digest, body, digest, body, self.now()))
         return _pin(rows[0])
 
+    async def pin(self: Any, server: str, tool: str) -> dict[str, Any] | None:
+        """A tool's pin as the store holds it now (None when never seen): read, nothing written. What every
+        process checks a definition against, since a person may approve another one at any time, anywhere."""
+        rows = await self._fetch(f"SELECT {PIN_FIELDS} FROM mcp_pins WHERE server = ? AND tool = ?",  # noqa: S608
+                                 (server, tool))
+        return _pin(rows[0]) if rows else None
+
+    async def server_pins(self: Any, server: str) -> dict[str, dict[str, Any]]:
+        """Every pin of one server's tools, by tool, in one read (a listing checks them all)."""
+        rows = await self._fetch(f"SELECT {PIN_FIELDS} FROM mcp_pins WHERE server = ?", (server,))  # noqa: S608
+        return {pin["tool"]: pin for pin in map(_pin, rows)}
+
     async def approve_definition(self: Any, server: str, tool: str, approver: str) -> dict[str, Any] | None:
         """The definition the server gives now taken in force; None when no such tool was seen."""
         rows = await self._fetch(

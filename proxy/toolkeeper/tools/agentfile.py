@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from toolkeeper.common import Strict, load_yaml_model, regex, sha256_hex
-from toolkeeper.tools.mcpservers import McpServerSpec, McpTarget
+from toolkeeper.tools.mcpservers import PROXIED_NAMES, PROXIED_PREFIX, McpServerSpec, McpTarget
 from toolkeeper.tools.templates import CommandTemplate, TemplateError
 
 # The usual built-in tool names of agents (Claude Code, Codex, OpenHands, Aider,
@@ -282,9 +282,9 @@ def load_agent_file(path: str | os.PathLike[str], *, upstream: str | None = None
     for tool in config.tools:
         where = f"{path}: tool {tool.name!r}"
         folded = fold_name(tool.name)
-        if folded in reserved:
-            raise AgentFileError(f"{where}: key 'name': {tool.name!r} is a reserved name (agents' built-in tools and "
-                                 "the file's `reserved:` list); choose another name")
+        if folded in reserved or folded.startswith(PROXIED_PREFIX):  # mcp__: an MCP server's tool's name, on /mcp
+            why = PROXIED_NAMES if folded.startswith(PROXIED_PREFIX) else "agents' built-in tools and `reserved:`"
+            raise AgentFileError(f"{where}: key 'name': {tool.name!r} is a reserved name ({why}); choose another name")
         if folded in seen:
             raise AgentFileError(f"{where}: key 'name': declared twice (also as {seen[folded]!r})")
         seen[folded] = tool.name

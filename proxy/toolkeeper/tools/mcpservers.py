@@ -27,6 +27,9 @@ from toolkeeper.common import Strict
 SERVER_NAME = re.compile(r"[a-zA-Z0-9_-]{0,31}[a-zA-Z0-9-]")
 VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 PROXIED_PREFIX = "mcp__"
+# Refused to a declared tool (at load, as a reserved name): it could take a proxied tool's name, listed twice on /mcp
+# with its calls split between the two, and a rule about one would be read as about the other.
+PROXIED_NAMES = f"names starting {PROXIED_PREFIX} are MCP servers' tools, {PROXIED_PREFIX}<server>__<tool>"
 
 
 class McpServerSpec(Strict):

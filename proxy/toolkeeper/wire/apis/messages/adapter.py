@@ -34,11 +34,19 @@ class MessagesAPI(AgentAPI):
     api = "messages"
     errors = ANTHROPIC
 
-    async def _narrowed(self, server: Any, context: TurnContext) -> Any:
-        """An MCP connector server whose allowed tools are listed: the ones the rules deny are left out (each
-        recorded `withheld`); None when none is left."""
+    async def _connector_server(self, server: Any, context: TurnContext) -> Any:
+        """An `mcp_servers` entry of the connector's older form as the rules allow it: None when withheld whole
+        (recorded). Its tools are offered as one (`mcp__<server>__*`) unless `allowed_tools` lists them; then each
+        listed tool is decided and the ones the rules deny are left out (each recorded `withheld`); None when none
+        is left. Offered as one, a rule covering some of its tools by a pattern withholds it: they are not known."""
+        found = hosted_tool(server)
         configuration = server.get("tool_configuration") if isinstance(server, dict) else None
-        listed = configuration.get("allowed_tools") if isinstance(configuration, dict) else None
+        configuration = configuration if isinstance(configuration, dict) else {}
+        listed = configuration.get("allowed_tools")
+        unnamed = found is not None and found[1] == "mcp_server" and not isinstance(listed, list) and \
+            configuration.get("enabled", True) is not False
+        if found is not None and not await self.engine.hosted.offer(*found, server, context, unnamed=unnamed):
+            return None
         if not isinstance(listed, list):
             return server
         kept = await self.offered(listed, lambda tool: (f"mcp__{server.get('name')}__{tool}", "mcp_tool")
@@ -58,7 +66,7 @@ class MessagesAPI(AgentAPI):
         # the server's tools no one names: decided as one (`mcp__<server>__*`, kind mcp_server, as the older form's
         # server entry is), their names and arguments unknown
         allowed_by_default = wanted_by_default and await self.engine.hosted.offer(
-            prefix + "*", "mcp_server", toolset, context)
+            prefix + "*", "mcp_server", toolset, context, unnamed=True)
         for tool in sorted(set(configs) | self.engine.handler.policy.tools_named(prefix)):
             if not configs.get(tool, {}).get("enabled", wanted_by_default):
                 continue  # the agent switched it off itself
@@ -79,16 +87,13 @@ class MessagesAPI(AgentAPI):
             governed = {id(toolset): await self._governed_toolset(toolset, context) for toolset in toolsets}
             body = {**body, "tools": [governed.get(id(tool), tool) for tool in body["tools"]]}
         in_toolsets = {toolset["mcp_server_name"] for toolset in toolsets}
-        # server tools, and the MCP connector's servers of the older form (the current form's are governed in
-        # their toolsets: withholding one would leave its toolset naming no server, a 400)
-        offered_whole = {"tools": hosted_tool, "mcp_servers": lambda server: None if isinstance(server, dict) and
-                         server.get("name") in in_toolsets else hosted_tool(server)}
-        for key, hosted in offered_whole.items():
-            if isinstance(body.get(key), list):
-                body = {**body, key: await self.offered(body[key], hosted, context)}
-        if isinstance(body.get("mcp_servers"), list):
-            body = {**body, "mcp_servers": [server for server in [await self._narrowed(s, context)
-                                                                  for s in body["mcp_servers"]] if server]}
+        if isinstance(body.get("tools"), list):  # server tools
+            body = {**body, "tools": await self.offered(body["tools"], hosted_tool, context)}
+        if isinstance(body.get("mcp_servers"), list):  # the connector's servers of the older form (the current
+            # form's are governed in their toolsets: withholding one would leave its toolset naming no server, a 400)
+            kept = [server if isinstance(server, dict) and server.get("name") in in_toolsets
+                    else await self._connector_server(server, context) for server in body["mcp_servers"]]
+            body = {**body, "mcp_servers": [server for server in kept if server is not None]}
         neutral: dict[str, Any] = {"messages": messages_from_anthropic(body["messages"])}
         if "tools" in body:
             neutral["tools"] = body["tools"]
