@@ -430,6 +430,43 @@ def test_secret_names_are_read_by_word_not_by_letter():
     assert added.secret_name("credentials") and added.secret_name("sessionId") and not added.secret_name("session")
 
 
+RUN_TOGETHER_SECRETS = ("githubtoken", "refreshtoken", "sessiontoken", "apitoken", "bearertoken", "clientsecret",
+                        "dbpassword", "DBPASSWORD", "mypassword", "accesskey", "sshkey", "apikey", "MYAPIKEY",
+                        "privatekeys", "gitcredentials", "credentials", "dbpasswd", "proxyauthorization",
+                        "signingkey", "authkey", "githubtokens")
+NOT_SECRETS = ("keyword", "monkey", "keyboard_layout", "hotkey", "turkey", "keystroke", "tokenizer", "secretary",
+               "tokenfile", "publickey", "keyring_backend", "passwordless")
+
+
+def test_secret_names_run_together_are_read_by_their_last_part():
+    """A name run together without a break holds a secret's noun at its end (githubtoken, DBPASSWORD), or `key`
+    after a qualifier that makes it a secret's (accesskey, sshkey); monkey, hotkey and keyword stay readable."""
+    from toolkeeper.audit import Redactor
+
+    redactor = Redactor()
+    assert [name for name in RUN_TOGETHER_SECRETS if not redactor.secret_name(name)] == []
+    assert [name for name in NOT_SECRETS if redactor.secret_name(name)] == []
+
+
+def test_a_secret_is_erased_from_every_other_argument_it_appears_in():
+    """A secret-named value is replaced, and its text erased from the other arguments (a note, a command line) in
+    `arguments_sent`, `arguments` and the policy input; the record lists those paths too."""
+    from toolkeeper.audit import ExecutionRecord, Redactor
+
+    sent = {"token": "sk-live-abc123", "note": "uses sk-live-abc123 here",
+            "items": [{"command": "curl -H 'X: sk-live-abc123' https://x"}], "count": 3, "user": "ada"}
+    record = Redactor().apply(ExecutionRecord(tool="fetch", arguments_sent=json.dumps(sent), arguments=sent,
+                                              policy_input={"tool": {"name": "fetch"}, "arguments": sent}))
+    assert "sk-live-abc123" not in json.dumps(record.model_dump())
+    for arguments in (record.arguments_sent, record.arguments, record.policy_input["arguments"]):
+        assert arguments == {"token": "[redacted]", "note": "uses [redacted] here",
+                             "items": [{"command": "curl -H 'X: [redacted]' https://x"}], "count": 3, "user": "ada"}
+    assert record.redacted == ["arguments.items[0].command", "arguments.note", "arguments.token",
+                               "arguments_sent.items[0].command", "arguments_sent.note", "arguments_sent.token"]
+    shown, _ = Redactor().shown(sent, [])
+    assert shown["note"] == "uses [redacted] here"
+
+
 def test_cut_off_arguments_are_redacted_in_the_policy_input_too():
     """An agent's call cut off mid-JSON reaches the policy as text: the stored policy input is redacted as text."""
     from toolkeeper.audit import ExecutionRecord, Redactor

@@ -292,3 +292,44 @@ scenarios:
     assert run.returncode == 2
     errors = [line for line in run.stdout.splitlines() if line.startswith("toolkeeper:")]
     assert errors == [f"toolkeeper: {tmp_path / 'scenarios.yaml'}: scenario 'typo': key 'expected': unknown key"]
+
+
+# -- a `matches:` test reads a bounded text (issue 39, a second reader) -------------------------------------------
+
+BOUNDED = """
+rules:
+  - id: no-cubic-copies
+    effect: deny
+    reason: No copies to the root.
+    when: {tool: release, arguments: {notes: {matches: '(?:^|[;&|(`\\n]\\s*)cp\\s+.*/.*/.*\\s+/.*(?:\\s*$|\\s*[;&|)`\\n])'}}}
+  - id: no-force-in-argv
+    effect: ask
+    when: {tool: release, argv: {matches: '^--force.*x.*x.*y$'}}
+  - id: any-channel-allowed
+    effect: allow
+    when: {tool: release, arguments: {channel: {matches: '^.*$'}}}
+"""
+
+
+def test_a_text_longer_than_a_matches_test_reads_counts_for_a_deny_and_never_for_an_allow(tmp_path):
+    """`cp */*/* /*` imported before the import wrote linear expressions searches 2,500 characters for 24 s with the
+    whole server held; past the bound (64 KiB) a text is not searched: a deny or an ask matches it, saying why, and
+    an allow does not."""
+    import time
+
+    from toolkeeper.policy.matching import MAX_MATCHED
+
+    rules = rules_from(tmp_path, BOUNDED)
+    long = "cp " + "/" * MAX_MATCHED + "!;"
+    started = time.monotonic()
+    denied = asyncio.run(Policy(True, rules).decide(document(arguments={"notes": long})))
+    assert time.monotonic() - started < 1
+    assert denied.effect == "deny" and denied.rule_id == "no-cubic-copies"
+    assert f"longer than {MAX_MATCHED:,} characters, more than a `matches:` test reads" in denied.reason
+    asked = asyncio.run(Policy(True, rules).decide(document(arguments={"notes": "fine"},
+                                                            argv=["release", "--force" + "x" * MAX_MATCHED])))
+    assert asked.effect == "ask" and asked.rule_id == "no-force-in-argv" and "longer than" in asked.reason
+    allowed = asyncio.run(Policy(True, rules).decide(document(arguments={"channel": "x" * (MAX_MATCHED + 1)}, yolo=True)))
+    assert allowed.rule_id is None  # the allow does not match a text it did not read: yolo decides
+    within = asyncio.run(Policy(True, rules).decide(document(arguments={"channel": "x" * MAX_MATCHED}, yolo=True)))
+    assert within.effect == "allow" and within.rule_id == "any-channel-allowed"

@@ -248,7 +248,7 @@ def test_a_settings_file_in_a_project_reads_its_paths_from_the_project(tmp_path)
     rules = rules_of(rules_path)
     assert rules["claude-deny-edit-docs"]["when"]["arguments"] == {"file_path": {"under": [f"{project}/docs"]}}
     assert rules["claude-deny-read-env"]["when"]["arguments"] == {
-        "file_path": {"under": [str(project)], "matches": r"(?:^|/)\.env(?:/.*)?$"}}
+        "file_path": {"under": [str(project)], "matches": r"(?s)(?:^|/)\.env(?=/|$)"}}
     passes(scenarios, 5)
     elsewhere = tmp_path / "elsewhere"
     run = run_cli("policy", "import", "claude-code", str(project / ".claude" / "settings.json"),
@@ -377,3 +377,115 @@ def test_a_webfetch_domain_reads_the_host_as_claude_code_does(tmp_path):
         call("WebFetch", "deny", "claude-deny-webfetch-example-com", url="https://docs%2epython.org/"),
     ])
     passes(scenarios)
+
+
+# -- wildcards in time linear in the text (a second reader's findings on issue 39) -------------------------------
+
+MANY_WILDCARDS = {"permissions": {
+    "deny": ["Bash(" + "a*" * 60 + "b:*)", "Bash(cp */*/* /*)", "Bash(scp *@*:*)", "Read(**/a/**/a/**/a/**/b)",
+             "Read(" + "*a" * 30 + "*b)", "Read(.env)", "Read(./secrets/*.pem)"],
+    "allow": ["Bash(" + "*x" * 24 + ")", "Bash(* --version)", "Edit(src/**/test_*.py)"]}}
+LONG = 64 * 1024
+HOSTILE_TEXTS = ["cp " + "/" * LONG + "!;", "cp /a/b/c ;" * (LONG // 11), "x" * LONG + "y", "a" * LONG,
+                 "a/" * (LONG // 2), "/.env" * (LONG // 5) + "\nx", "/" * LONG, ("a\n") * (LONG // 2) + "/x",
+                 "; " * (LONG // 2), "\n " * (LONG // 2) + "x", "/secrets" * (LONG // 8)]
+
+
+def test_wildcards_import_at_once_and_decide_in_time_linear_in_the_text(tmp_path):
+    """Sixty wildcards in an entry, or `cp */*/* /*` on a 64 KiB command: each imported regular expression reads
+    the text in one pass (an atomic group for each text between wildcards), where `.*` between them took
+    exponential time to import and cubic time to decide (24 s froze the server on 2,500 characters)."""
+    import json
+    import time
+
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps(MANY_WILDCARDS))
+    started = time.monotonic()
+    run, rules_path, scenarios = imported(tmp_path, "claude-code", settings)
+    assert run.returncode == 1 and time.monotonic() - started < 15, run.stderr
+    passes(scenarios)
+    worst = 0.0
+    for rule in load_rules(rules_path).rules:
+        for test in rule.when.arguments.values():
+            if test.matches is None:
+                continue
+            pattern = re.compile(test.matches)
+            for text in HOSTILE_TEXTS:
+                started = time.perf_counter()
+                pattern.search(text)
+                worst = max(worst, time.perf_counter() - started)
+    assert worst < 0.05, f"{worst * 1000:.0f} ms"
+
+
+def plain_command_regex(pattern: str, effect: str) -> str:
+    """The expression an entry's wildcards mean, `.*` between the texts (what the import wrote before)."""
+    from toolkeeper.policy.imports_base import BLANK, COMMAND_END, COMMAND_START, NO_OPERATOR
+
+    def literal(text: str) -> str:
+        return "".join(BLANK + "+" if part.isspace() else re.escape(part) for part in re.split(r"(\s+)", text) if part)
+
+    body = (NO_OPERATOR if effect == "allow" else ".*").join(literal(part) for part in pattern.split("*"))
+    return rf"^\s*{body}\s*$" if effect == "allow" else f"{COMMAND_START}{body}{COMMAND_END}"
+
+
+def test_a_linear_wildcard_matches_exactly_what_the_plain_expression_matches():
+    """Thousands of random entries and command lines: the atomic expression and the plain one agree on every
+    line (line breaks, operators, blanks and leading spaces included); so do the path globs."""
+    import random
+
+    from toolkeeper.policy.imports_base import _glob_tokens, command_regex, glob_regex
+    from toolkeeper.policy.imports_claude import WHOLE, _searched
+
+    rng = random.Random(39)
+    pieces, words = "a/ *;&|(\t$>", ["a", "/", " ", "\t", ";", "&", "|", "(", ")", "\n", "x", "a/", "`", "$", "  "]
+    for _ in range(1500):
+        pattern = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 7))).strip()
+        for effect in ("allow", "deny") if pattern else ():
+            ours, plain = re.compile(command_regex(pattern, effect)), re.compile(plain_command_regex(pattern, effect))
+            for text in ("".join(rng.choice(words) for _ in range(rng.randint(0, 14))) for _ in range(20)):
+                assert bool(ours.search(text)) == bool(plain.search(text)), (pattern, effect, text)
+    globs, names = ["a", "b", "/", "*", "*", "**/", "**", "?", "[ab]", "[!a]", ".", "a/"], ["a", "b", "/", ".", "\n"]
+    for _ in range(1500):
+        glob = "".join(rng.choice(globs) for _ in range(rng.randint(1, 8)))
+        plain = "".join(regex for _, regex, _ in _glob_tokens(glob))
+        pairs = [(glob_regex(glob, WHOLE) + "(?:/.*)?", plain + "(?:/.*)?", True),
+                 (_searched("**/" + glob), f"(?:^|/){plain}(?:/.*)?$", False),
+                 (_searched(glob), f"^{plain}(?:/.*)?$", False)]
+        for ours, theirs, whole in pairs:
+            ours, theirs = re.compile(ours, re.S), re.compile(theirs, re.S)
+            for text in ("".join(rng.choice(names) for _ in range(rng.randint(0, 10))) for _ in range(10)):
+                agree = bool(ours.fullmatch(text)) == bool(theirs.fullmatch(text)) if whole else \
+                    bool(ours.search(text)) == bool(theirs.search(text))
+                assert agree, (glob, text)
+
+
+def _gemini_rules(count: int, names: int, pattern: bool) -> str:
+    """Rules of alternating decisions, the less restrictive of higher priority, each naming many tools."""
+    tables = []
+    for number in range(count):
+        tools = ", ".join(f'"t{number % 2}_{index}{"*" if pattern else ""}"' for index in range(names))
+        decision, priority = ("deny", 1) if number % 2 == 0 else ("allow", 9)
+        tables.append(f"[[rule]]\ntoolName = [{tools}]\ndecision = \"{decision}\"\npriority = {priority}\n")
+    return "\n".join(tables)
+
+
+@pytest.mark.parametrize(("count", "names", "pattern", "stopped"), [(100, 180, False, False), (200, 150, True, True)],
+                         ids=["plain-names", "patterns"])
+def test_gemini_priority_overlap_is_bounded_and_says_when_it_stops(tmp_path, count, names, pattern, stopped):
+    """100 rules of 180 tool names took 38 s to compare (tools x tools x rules x rules); now plain names are
+    compared as sets, and past a bound of comparisons the rest is not compared, which a warning says."""
+    import time
+
+    source = tmp_path / "policy.toml"
+    source.write_text(_gemini_rules(count, names, pattern))
+    started = time.monotonic()
+    run = run_cli("policy", "import", "gemini-cli", str(source), "-o", str(tmp_path / "rules.yaml"), timeout=60)
+    assert time.monotonic() - started < 15 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    said = [line for line in warnings(run) if "priorit" in line]
+    if stopped:
+        assert run.returncode == 1 and said == [
+            "WARN policy.toml: approximate: priorities not compared from [[rule]] #2 on (more than 1,000,000 "
+            "comparisons of tool names and prefixes): where a higher priority let a less restrictive rule decide, "
+            "here the most restrictive rule that matches decides"], said
+    else:
+        assert run.returncode == 0 and said == [], said  # t0_ and t1_ never meet: nothing lost, nothing said

@@ -8,6 +8,7 @@ files there is unknown: it matches a deny or an ask, never an allow.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -249,3 +250,38 @@ SYSTEM = {"runs": {"writes_under": ["/etc", "/usr"]}}
 ])
 def test_writes_under_reads_what_the_programs_it_knows_write(tmp_path, command, workdir, effect):
     assert decide(rule("deny", SYSTEM), tmp_path, {"command": command}, workdir=workdir) == effect
+
+
+def _patterns(node, found):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "matches" and isinstance(value, str):
+                found.append(value)
+            else:
+                _patterns(value, found)
+    elif isinstance(node, list):
+        for value in node:
+            _patterns(value, found)
+    return found
+
+
+HOSTILE = ["*** Update File: " + " " * 65536, "*** Update File: " + "a/" * 32768, "curl x " + "sh " * 21845,
+           "curl x " + "| sudo a" * 8192, "curl " + "| " * 32768, "curl x; sh " + "a" * 65536, "/." * 32768,
+           ".env" * 16384]
+
+
+@pytest.mark.parametrize("policy", ["coding-agents.yaml", "default.yaml"])
+def test_no_shipped_pattern_backtracks_on_hostile_text(policy):
+    """A model writes the text a `matches:` test reads, and a regex holds the server while it runs: every shipped
+    pattern stays linear (64 KiB of the worst shapes found, each well under a second where a backtracking one
+    took 4 to 15 s)."""
+    import re
+    import time
+
+    rules = yaml.safe_load((Path(__file__).resolve().parent.parent / "policies" / policy).read_text())
+    for pattern in _patterns(rules, []):
+        compiled = re.compile(pattern)
+        for text in HOSTILE:
+            started = time.perf_counter()
+            compiled.search(text)
+            assert time.perf_counter() - started < 1.0, (pattern[:60], text[:30])

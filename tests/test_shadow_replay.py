@@ -293,3 +293,52 @@ def test_replay_says_what_it_cannot_judge_from_a_redacted_trail(scripted, tmp_pa
     assert "<strong id=unjudged>1</strong> cannot be judged from the trail" in page
     assert page.count("<tr class=unjudged>") == 1 and f"/toolkeeper/audit/{weather['record_id']}'" in page
     assert "<strong id=changed>1</strong>" in page
+
+
+# -- replay of redacted values: what a second reader found ----------------------------------------------------------
+
+def agent_record(record_id: str, tool: str, arguments: dict) -> dict:
+    """A hook call of an agent's own tool as the trail keeps it: allowed by no rule, its policy input redacted."""
+    document = {"tool": {"name": tool, "source": "agent", "kind": "function", "runner": "agent", "tier": "gated"},
+                "arguments": arguments, "argv": [], "mode": {"yolo": True}}
+    return {"record_id": record_id, "time": 0.0, "tool": tool, "source": "agent", "agent": "", "decision": "allow",
+            "decision_source": "yolo", "decision_rule": None, "consent": None, "policy_input": document}
+
+
+@pytest.mark.parametrize(("record", "rule"), [
+    # `a|b` names either argument: the redacted `token` is one of them
+    (agent_record("alt", "Fetch", {"url": "https://x", "token": "[redacted]"}),
+     {"token|api_key": {"matches": "^sk-live-"}}),
+    (agent_record("nested", "Fetch", {"headers": {"Authorization": "[redacted]"}}),
+     {"url|headers.Authorization": {"matches": "sk-live"}}),
+    # a secret erased from another argument's text: the text is not what the agent sent
+    (agent_record("note", "Fetch", {"token": "[redacted]", "note": "uses [redacted] here"}),
+     {"note": {"matches": "sk-live"}}),
+    (agent_record("command", "Bash", {"command": "curl -H 'X: [redacted]' https://x", "api_key": "[redacted]"}),
+     {"command": {"matches": "sk-live"}}),
+], ids=["a-or-b", "a-or-nested-b", "erased-in-another-argument", "erased-in-a-command"])
+def test_replay_cannot_judge_a_rule_reading_a_redacted_value_through_a_or_b_or_an_erased_text(tmp_path, record,
+                                                                                               rule):
+    """A candidate rule whose argument key names a redacted value among others (`token|api_key`), or that reads a
+    text a secret was erased from, cannot be judged from the trail: reported so, never as `allow -> allow`."""
+    from toolkeeper.policy import load_rules, replay_calls
+
+    (tmp_path / "candidate.yaml").write_text(yaml_rules(rule, record["tool"]))
+    report = replay_calls([record], load_rules(tmp_path / "candidate.yaml"))
+    assert report.transitions == {} and [call.record_id for call in report.unjudged] == [record["record_id"]]
+    (unjudged,) = report.unjudged
+    assert unjudged.outcomes == ("allow", "deny") and unjudged.rules == ("live-keys",) and unjudged.may_tighten
+
+
+def test_replay_still_judges_a_rule_reading_no_redacted_value(tmp_path):
+    from toolkeeper.policy import load_rules, replay_calls
+
+    record = agent_record("plain", "Fetch", {"url": "https://x", "token": "[redacted]", "note": "no secret here"})
+    (tmp_path / "candidate.yaml").write_text(yaml_rules({"url|note": {"matches": "secret"}}, "Fetch"))
+    report = replay_calls([record], load_rules(tmp_path / "candidate.yaml"))
+    assert report.unjudged == [] and report.transitions == {("allow", "deny"): 1}
+
+
+def yaml_rules(arguments: dict, tool: str) -> str:
+    return json.dumps({"rules": [{"id": "live-keys", "effect": "deny", "reason": "No live keys.",
+                                  "when": {"source": "agent", "tool": tool, "arguments": arguments}}]})

@@ -75,8 +75,9 @@ class Settings:
                                secret=True)
     redact: tuple[str, ...] = option((), "also redact argument values whose names hold PATTERN's words (api_key, "
                                          "apiKey, x-api-key hold `key`; keyword does not), beside the defaults "
-                                         "(key, token, secret, password, authorization, apikey, accesstoken, "
-                                         "authtoken, secretkey, privatekey, passwd); a word may hold *; repeatable",
+                                         "(key, and apikey, sshkey...; a word ending in token, secret, password, "
+                                         "passwd, passphrase, credential, authorization); a word may hold *; "
+                                         "repeatable",
                                      metavar="PATTERN")
     redact_only: tuple[str, ...] = option((), "redact only values whose names hold PATTERN's words, replacing the "
                                               "defaults; repeatable", metavar="PATTERN")

@@ -1,11 +1,11 @@
 """Redaction: secret-named values replaced before a record, a log line or an approval reaches anyone.
 
-A value whose name matches a pattern (default: key, token, secret, password,
-authorization; `--redact` adds patterns, `--redact-only` replaces them) is
-replaced at any depth, and everything under it goes too: each element of a
-secret-named array, each field of a secret-named object. Its text is then
-erased from the argv and from the answer the model read. Redaction never
-fails open:
+A value whose name matches a pattern (DEFAULT_PATTERNS; `--redact` adds
+patterns, `--redact-only` replaces them) is replaced at any depth, and
+everything under it goes too: each element of a secret-named array, each
+field of a secret-named object. Its text is then erased from every other
+argument's text (`"note": "uses [redacted] here"`, a command line), from the
+argv and from the answer the model read. Redaction never fails open:
 
 - arguments the model cut off (not valid JSON) are redacted in their text:
   a secret-named key's value is replaced up to where it ends, and when that
@@ -18,10 +18,18 @@ A pattern matches a name by its words, not by its letters: a name is split
 into words at every character that is not a letter or a digit, where
 camelCase turns and between letters and digits (`x-api-key`, `api_key`,
 `apiKey`, `APIKey2` all hold the word `key`), and a pattern's words must stand
-together in it, the last one maybe plural (`keys`, `tokens`). So `keyword`,
-`monkey` and `keyboard_layout` are not secrets. A pattern's word may hold `*`
-(`cred*` matches `credentials`). A name run together without a break is one
-word: the defaults list the usual ones (`apikey`, `accesstoken`...).
+together in it, the last one maybe plural (`keys`, `tokens`). A pattern's word
+may hold `*` (`cred*` matches `credentials`).
+
+The defaults read a name run together without a break (`githubtoken`,
+`DBPASSWORD`) by its last part, as English names a thing by its last noun: a
+word ending in token, secret, password, passwd, passphrase, credential or
+authorization (maybe plural) is a secret (`githubtoken`, `clientsecret`,
+`dbpassword`; not `tokenizer`, `secretary` or `tokenfile`); `key` is one as a
+word of its own, or at the end of a word after a qualifier that makes it a
+secret's (api, access, secret, private, ssh, signing, encryption, master,
+session, auth: `apikey`, `sshkey`; not `monkey`, `hotkey`, `keyword` or
+`keyboard_layout`).
 
 The record lists the paths it redacted.
 """
@@ -37,9 +45,11 @@ from typing import Any
 from toolkeeper.audit.record import ExecutionRecord
 from toolkeeper.common import unencodable
 
-DEFAULT_PATTERNS = ("key", "token", "secret", "password", "authorization",
-                    # names run together, which no word break splits (an API's `apikey`, `accesstoken`)
-                    "apikey", "accesstoken", "authtoken", "secretkey", "privatekey", "passwd")
+SECRET_NOUNS = ("token", "secret", "password", "passwd", "passphrase", "credential", "authorization")
+KEY_QUALIFIERS = ("api", "access", "secret", "private", "ssh", "signing", "encryption", "master", "session", "auth")
+# a word, or a name run together, ending in a secret's noun (githubtoken, dbpassword); `key` alone or after a
+# qualifier (apikey, sshkey): never monkey or hotkey
+DEFAULT_PATTERNS = ("key", *(f"*{noun}" for noun in SECRET_NOUNS), *(f"*{word}key" for word in KEY_QUALIFIERS))
 REDACTED = "[redacted]"
 MIN_ERASE = 4
 
@@ -139,11 +149,25 @@ class Redactor:
             erased.append(entry)
         return erased
 
+    def erase_leaves(self, value: Any, secrets: list[str], path: str, paths: list[str]) -> Any:
+        """Each secret's text erased from every text under `value` (a note, a command line); the paths erased from
+        go to `paths`."""
+        if isinstance(value, dict):
+            return {name: self.erase_leaves(member, secrets, f"{path}.{name}", paths) for name, member in value.items()}
+        if isinstance(value, list):
+            return [self.erase_leaves(item, secrets, f"{path}[{i}]", paths) for i, item in enumerate(value)]
+        if isinstance(value, str) and value != REDACTED:
+            erased = self.erase(value, secrets)
+            if erased != value:
+                paths.append(path)
+            return erased
+        return value
+
     def shown(self, arguments: dict[str, Any], argv: list[str]) -> tuple[dict[str, Any], list[str]]:
         """Arguments and argv as a person or a log may see them."""
         secrets: list[str] = []
         clean = self.value(arguments, "arguments", secrets, [])
-        return clean, self.erase_argv(argv, secrets)
+        return self.erase_leaves(clean, secrets, "arguments", []), self.erase_argv(argv, secrets)
 
     # -- the record -------------------------------------------------------------------
 
@@ -169,6 +193,12 @@ class Redactor:
             policy_input["arguments"] = self.text(policy_input["arguments"], "policy_input.arguments", secrets, [])
         elif policy_input.get("arguments") is not None:
             policy_input["arguments"] = self.value(policy_input["arguments"], "policy_input.arguments", secrets, [])
+        if secrets:  # a secret's text in another value: a note, a command line
+            for field in ("arguments_sent", "arguments"):
+                data[field] = self._erased(data.get(field), secrets, field, paths)
+            if policy_input.get("arguments") is not None:
+                policy_input["arguments"] = self._erased(policy_input["arguments"], secrets, "policy_input.arguments",
+                                                         [])
         if data.get("argv"):
             data["argv"] = self.erase_argv(data["argv"], secrets)
         if policy_input.get("argv"):
@@ -176,6 +206,12 @@ class Redactor:
         data["answer"] = self.erase(data.get("answer") or "", secrets)
         data["redacted"] = sorted(set(paths))
         return type(record).model_validate(data)
+
+
+    def _erased(self, value: Any, secrets: list[str], path: str, paths: list[str]) -> Any:
+        if isinstance(value, str):  # arguments kept as text (not valid JSON)
+            return self.erase(value, secrets)
+        return self.erase_leaves(value, secrets, path, paths)
 
 
 def _holds(held: tuple[str, ...], wanted: tuple[str, ...]) -> bool:

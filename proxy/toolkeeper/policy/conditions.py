@@ -10,7 +10,6 @@ matches a deny or an ask and never an allow. Each such case is noted in the
 from __future__ import annotations
 
 import fnmatch
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,7 @@ from toolkeeper.common import Strict, regex
 from toolkeeper.policy import globs, outputs, paths
 from toolkeeper.policy.commands import Command, Resolution, commands_of_argv, commands_of_script
 from toolkeeper.policy.flags import all_of, has_flags, starts
+from toolkeeper.policy.matching import searched
 
 
 @dataclass
@@ -310,10 +310,10 @@ class ValueTest(Strict):
             return False
         if not present:
             return self.present is False
-        return self._values_hold(value, restricts) and self._paths_hold(value, restricts, scope) and (
+        return self._values_hold(value, restricts, scope) and self._paths_hold(value, restricts, scope) and (
             self.runs is None or runs_hold(self.runs, value, restricts, scope))
 
-    def _values_hold(self, value: Any, restricts: bool) -> bool:
+    def _values_hold(self, value: Any, restricts: bool, scope: Scope) -> bool:
         fields = self.model_fields_set
         if "equals" in fields and value != self.equals:
             return False
@@ -321,7 +321,7 @@ class ValueTest(Strict):
             return False
         if self.one_of is not None and value not in self.one_of:
             return False
-        if self.matches is not None and not self._found(value, restricts):
+        if self.matches is not None and not self._found(value, restricts, scope):
             return False
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         if self.above is not None and not (numeric and value > self.above):
@@ -332,13 +332,15 @@ class ValueTest(Strict):
         tests = _path_tests(scope.workdir, self.under, self.not_under, self.names, reaches=self.reaches)
         return all(_each_path(value, test, restricts, scope) for test in tests)
 
-    def _found(self, value: Any, restricts: bool) -> bool:
+    def _found(self, value: Any, restricts: bool, scope: Scope) -> bool:
         """The pattern in a string; in a list of strings (a built-in call's commands, an argv), in any entry for a
-        rule that restricts (deny, ask) and in every entry for an allow: no entry can slip past a deny."""
+        rule that restricts (deny, ask) and in every entry for an allow: no entry can slip past a deny. A text too
+        long to search (matching.py) matches a deny or an ask, never an allow."""
         if isinstance(value, list) and value:
-            found = (isinstance(entry, str) and re.search(self.matches or "", entry) for entry in value)
+            found = (isinstance(entry, str) and searched(self.matches or "", entry, restricts, scope.notes)
+                     for entry in value)
             return any(found) if restricts else all(found)
-        return isinstance(value, str) and re.search(self.matches or "", value) is not None
+        return isinstance(value, str) and searched(self.matches or "", value, restricts, scope.notes)
 
 
 def _each_path(value: Any, test: PathTest, restricts: bool, scope: Scope) -> bool:
@@ -382,8 +384,10 @@ class ArgvTest(Strict):
         return _one_or_many(value)
 
     def holds(self, argv: list[str], *, restricts: bool = False, scope: Scope | None = None) -> bool:
-        if self.matches is not None and not any(re.search(self.matches, entry) for entry in argv):
+        scope = scope or Scope()
+        if self.matches is not None and not any(searched(self.matches, entry, restricts, scope.notes)
+                                                for entry in argv):
             return False
         if self.contains is not None and self.contains not in argv:
             return False
-        return self.runs is None or runs_hold(self.runs, argv, restricts, scope or Scope())
+        return self.runs is None or runs_hold(self.runs, argv, restricts, scope)

@@ -31,9 +31,11 @@ from toolkeeper.policy.imports_base import (
     agent_call,
     command_regex,
     each_command,
+    glob_regex,
     make_rule,
     prefixes_test,
     shell_words,
+    wildcard_fullmatch,
 )
 
 EFFECTS = ("allow", "ask", "deny")
@@ -165,10 +167,10 @@ def _exact_match(spec: str):
 
 
 def _wildcard_match(pattern: str):
-    trailing = pattern.endswith(" *") and pattern.count("*") == 1
-    body = ".*".join(re.escape(part) for part in pattern.split("*"))
-    regex = re.compile(body[: -len(r"\ .*")] + r"(?: .*)?" if trailing else body, re.S)
-    return lambda command: regex.fullmatch(command) is not None
+    if pattern.endswith(" *") and pattern.count("*") == 1:  # `git diff *`: the command, or it and arguments
+        head = pattern[:-2]
+        return lambda command: command == head or command.startswith(head + " ")
+    return lambda command: wildcard_fullmatch(pattern, command)
 
 
 def _paths(out: Translation, effect: str, tool: str, spec: str, reason: str, where: str, base: str) -> None:
@@ -206,41 +208,30 @@ def _absolute(spec: str, base: str) -> tuple[str, bool]:
 def _path_test(pattern: str, anywhere: bool, base: str) -> tuple[dict[str, Any], bool, re.Pattern[str]]:
     """The value test, whether it is exact, and the full pattern as the source reads it (for the scenarios)."""
     if anywhere:
-        tail = _glob_regex(pattern)
-        return ({"under": [base], "matches": f"(?:^|/){tail}(?:/.*)?$"}, True,
-                re.compile(f"{re.escape(base)}/(?:.*/)?{tail}(?:/.*)?"))
+        return ({"under": [base], "matches": _searched(f"**/{pattern}")}, True,
+                re.compile(f"{re.escape(base)}/{glob_regex(f'**/{pattern}', WHOLE)}(?:/.*)?", re.S))
     segments = pattern.split("/")
     literal = next((index for index, part in enumerate(segments) if GLOB.search(part)), len(segments))
     folder = "/".join(segments[:literal]) or "/"
     rest = segments[literal:]
-    full = re.compile(_glob_regex(pattern) + "(?:/.*)?")
+    full = re.compile(glob_regex(pattern, WHOLE) + "(?:/.*)?", re.S)
     if rest in ([], ["**"]):
         return {"under": [folder]}, True, full
-    anchor = re.escape(segments[literal - 1]) if literal > 0 and segments[literal - 1] else "^"
-    anchor = anchor if anchor == "^" else f"(?:^|/){anchor}"
-    return {"under": [folder], "matches": f"{anchor}/{_glob_regex('/'.join(rest))}(?:/.*)?$"}, False, full
+    anchor = f"**/{segments[literal - 1]}" if literal > 0 and segments[literal - 1] else ""
+    return {"under": [folder], "matches": _searched(f"{anchor}/{'/'.join(rest)}")}, False, full
 
 
-def _glob_regex(glob: str) -> str:
-    out, index = [], 0
-    while index < len(glob):
-        if glob.startswith("**/", index):
-            out.append("(?:.*/)?")
-            index += 3
-        elif glob.startswith("**", index):
-            out.append(".*")
-            index += 2
-        elif glob[index] in "*?":
-            out.append("[^/]*" if glob[index] == "*" else "[^/]")
-            index += 1
-        elif glob[index] == "[" and (end := glob.find("]", index + 2)) > 0:
-            inside = glob[index + 1:end]
-            out.append("[" + ("^" + inside[1:] if inside.startswith("!") else inside).replace("\\", "\\\\") + "]")
-            index = end + 1
-        else:
-            out.append(re.escape(glob[index]))
-            index += 1
-    return "".join(out)
+WHOLE = r"(?=/|\Z)"  # where a glob ends in a path: the path's end, or a folder's and a path inside it
+
+
+def _searched(glob: str) -> str:
+    """The `matches:` test of a glob: the path, from its start, is the glob or a path inside it; a line break is a
+    character like any other. `**/NAMES` is searched after each `/` (`(?:^|/)\\.env(?=/|$)`), each try bounded by
+    the names; with another `**` in it, from the start in one pass (`^**/a/**/b`)."""
+    names = glob.removeprefix("**/")
+    if names != glob and "**" not in names:
+        return f"(?s)(?:^|/){glob_regex(names, '(?=/|$)')}"
+    return f"(?s)^{glob_regex(glob, '(?=/|$)')}"
 
 
 def _path_match(tools: list[str], argument: str, full: re.Pattern[str]):

@@ -47,6 +47,8 @@ KEYS = {"toolName", "mcpName", "commandPrefix", "commandRegex", "argsPattern", "
         "deny_message", "modes", "interactive", "subagent", "toolAnnotations", "allowRedirection", "allow_redirection"}
 SHELL = "run_shell_command"
 ARGS_PATTERN = re.compile(r'"(\w+)":"(.*)', re.S)  # the one shape translated: a pattern on one argument's text
+PATTERN = re.compile(r"[*?\[]")  # a tool name that is a pattern to fnmatch
+MAX_OVERLAP_CHECKS = 1_000_000  # tool names and prefixes the priority check compares, at most (~1 s)
 
 
 @dataclass
@@ -225,8 +227,11 @@ def _matches(entry: dict[str, Any], tools: list[str] | None, effect: str):
     def text(arguments: dict[str, Any]) -> str:
         return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
-    def matches(call: Call) -> bool:
-        if tools is not None and not any(fnmatch.fnmatchcase(call["tool"], tool) for tool in tools):
+    named = _Names(tools)
+    globbed = re.compile("|".join(fnmatch.translate(tool) for tool in named.patterns)) if named.patterns else None
+
+    def matches(call: Call) -> bool:  # the tool: one of the plain names, or a pattern's (one expression for all)
+        if tools is not None and call["tool"] not in named.plain and not (globbed and globbed.match(call["tool"])):
             return False
         arguments = call.get("arguments") or {}
         if not patterns:
@@ -240,20 +245,57 @@ def _matches(entry: dict[str, Any], tools: list[str] | None, effect: str):
 
 
 def _priorities(out: Translation, made: list[_Made]) -> None:
-    """Say where Gemini CLI's priority order would have let a less restrictive rule decide."""
+    """Say where Gemini CLI's priority order would have let a less restrictive rule decide. The comparisons are
+    bounded (MAX_OVERLAP_CHECKS): past them, the rest is not compared, and that is said."""
+    budget = [MAX_OVERLAP_CHECKS]
+    names = {id(one): _Names(one.tools) for one in made}
     for first in made:
-        lost = [f"#{other.number} ({other.item.rule['effect']}, priority {other.priority})" for other in made
-                if RANK[first.item.rule["effect"]] < RANK[other.item.rule["effect"]]
-                and (first.priority, -first.number) > (other.priority, -other.number) and _overlap(first, other)]
+        lost = []
+        for other in made:
+            budget[0] -= 1
+            if RANK[first.item.rule["effect"]] < RANK[other.item.rule["effect"]] \
+                    and (first.priority, -first.number) > (other.priority, -other.number) \
+                    and _overlap(first, other, names[id(first)], names[id(other)], budget):
+                lost.append(f"#{other.number} ({other.item.rule['effect']}, priority {other.priority})")
+            if budget[0] < 0:
+                out.warn(out.source.name, f"approximate: priorities not compared from [[rule]] #{first.number} on "
+                                          f"(more than {MAX_OVERLAP_CHECKS:,} comparisons of tool names and "
+                                          "prefixes): where a higher priority let a less restrictive rule decide, "
+                                          "here the most restrictive rule that matches decides")
+                return
         if lost:
             out.warn(first.where, f"approximate: its priority {first.priority} over rule {', '.join(lost)} is lost: "
                                   "here the most restrictive rule that matches decides")
 
 
-def _overlap(one: _Made, other: _Made) -> bool:
-    if one.tools is not None and other.tools is not None and not any(
-            fnmatch.fnmatchcase(a, b) or fnmatch.fnmatchcase(b, a) for a in one.tools for b in other.tools):
+class _Names:
+    """A rule's tool names: the plain ones as a set (compared at once), the patterns (`mcp_*`) one by one."""
+
+    def __init__(self, tools: list[str] | None):
+        self.plain = frozenset(tool for tool in tools or () if not PATTERN.search(tool))
+        self.patterns = [tool for tool in tools or () if PATTERN.search(tool)]
+
+
+def _overlap(one: _Made, other: _Made, ones: _Names, others: _Names, budget: list[int]) -> bool:
+    """Whether some call may match both rules (a name either's pattern matches, a prefix of the other's); each
+    name or prefix compared is taken from `budget`."""
+    if one.tools is not None and other.tools is not None and not _names_meet(ones, others, budget):
         return False
     if one.prefixes is None or other.prefixes is None:
         return True
+    budget[0] -= len(one.prefixes) * len(other.prefixes)
     return any(a[:len(b)] == b or b[:len(a)] == a for a in one.prefixes for b in other.prefixes)
+
+
+def _names_meet(ones: _Names, others: _Names, budget: list[int]) -> bool:
+    """A name both may take: a plain name in both; a plain one a pattern matches; two patterns either matches
+    (as text: `mcp_a_*` and `mcp_*`)."""
+    if not ones.plain.isdisjoint(others.plain):
+        return True
+    budget[0] -= len(ones.patterns) * (len(others.plain) + len(others.patterns)) + len(others.patterns) * len(
+        ones.plain)
+    if budget[0] < 0:
+        return True  # not compared: said by the caller, counted as meeting meanwhile
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in ones.patterns for name in others.plain) or any(
+        fnmatch.fnmatchcase(name, pattern) for pattern in others.patterns for name in ones.plain) or any(
+        fnmatch.fnmatchcase(a, b) or fnmatch.fnmatchcase(b, a) for a in ones.patterns for b in others.patterns)

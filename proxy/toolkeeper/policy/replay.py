@@ -10,13 +10,14 @@ withheld) are counted and left out. OPA is not asked again: a deployment that
 decides with OPA replays its YAML candidate beside the recorded OPA outcome.
 
 The trail's policy input is redacted: a secret-named argument reads
-`[redacted]`, and a secret's text is erased from the argv. A candidate rule
-that tests such a value cannot be judged from the trail; "no change" would be
-a guess. Such a rule is left out of the decision, and when it could have made
-the outcome stricter (it matches but for the values it cannot read), the
-call is reported apart: it cannot be judged from the trail, with the
-outcomes it may have, the rules and the values. It is never counted as
-unchanged.
+`[redacted]`, and a secret's text is erased from the argv and from every other
+argument's text (`uses [redacted] here`). A candidate rule that tests such a
+value (through any path its argument key names: `token|api_key`) cannot be
+judged from the trail; "no change" would be a guess. Such a rule is left
+out of the decision, and when it could have made the outcome stricter (it
+matches but for the values it cannot read), the call is reported apart: it
+cannot be judged from the trail, with the outcomes it may have, the rules
+and the values. It is never counted as unchanged.
 """
 
 from __future__ import annotations
@@ -189,10 +190,12 @@ class Redacted:
         return bool(self.arguments) or self.argv
 
     def hidden_from(self, name: str) -> list[str]:
-        """The redacted values a rule's test of argument `name` (dotted) reads: the value itself, values inside
-        it, or the redacted value it lies inside."""
+        """The redacted values a rule's test of argument `name` reads: for each dotted path it names (`a|b`:
+        either; `a from b`: both), the value itself, values inside it, or the redacted value it lies inside."""
+        read = argument_paths(name)
         return [path for path in self.arguments
-                if path == name or path.startswith((name + ".", name + "[")) or name.startswith(path + ".")]
+                if any(path == one or path.startswith((one + ".", one + "[")) or one.startswith(path + ".")
+                       for one in read)]
 
     def read_by(self, rule: Rule) -> bool:
         return any(self.hidden_from(name) for name in rule.when.arguments) or (self.argv and
@@ -214,15 +217,21 @@ class Redacted:
         return readable.holds(document, restricts=rule.effect != "allow")
 
 
+def argument_paths(name: str) -> list[str]:
+    """The dotted paths a rule's argument key reads: `token|api_key` either, `pattern from path` both."""
+    return [one.strip() for part in name.split(" from ") for one in part.split("|") if one.strip()]
+
+
 def _redacted_paths(value: Any, path: str) -> Iterable[str]:
-    """The paths under `value` whose values read `[redacted]`."""
+    """The paths under `value` whose values the trail redacted: `[redacted]`, or a text a secret was erased from
+    (`uses [redacted] here`): a test of it cannot be judged either."""
     if isinstance(value, dict):
         for name, member in value.items():
             yield from _redacted_paths(member, f"{path}.{name}" if path else str(name))
     elif isinstance(value, list):
         for index, item in enumerate(value):
             yield from _redacted_paths(item, f"{path}[{index}]")
-    elif value == REDACTED:
+    elif isinstance(value, str) and REDACTED in value:
         yield path
 
 

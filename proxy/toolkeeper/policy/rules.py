@@ -212,7 +212,8 @@ class Rules:
                 continue
             known = {name for tool in tools for name in tool.spec.parameters}
             for name, test in rule.when.arguments.items():
-                if not any(one.split(".")[0] in known for one in name.split("|")):  # `a|b`: either
+                names = [one.strip() for part in name.split(" from ") for one in part.split("|")]  # `a|b from c`
+                if not any(one.split(".")[0] in known for one in names):
                     found.append(("R002", rule.id, f"rule {rule.id!r} tests argument {name!r}, which no tool it "
                                   "names declares: it can never match"))
                 elif _outside_enums(test, [t.spec.parameters.get(name) for t in tools]):
