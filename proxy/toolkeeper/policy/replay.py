@@ -39,8 +39,8 @@ STRICTNESS = ("allow", "ask", "deny")  # the least strict first, as the most res
 
 
 @dataclass(frozen=True)
-class Change:
-    """One call whose outcome the candidate would change."""
+class Replayed:
+    """A recorded call as replay reports it: which, and what the policy in force decided."""
 
     record_id: str
     time: float
@@ -49,6 +49,12 @@ class Change:
     agent: str
     current: str  # allow | deny | ask, as recorded
     current_rule: str | None
+
+
+@dataclass(frozen=True)
+class Change(Replayed):
+    """One call whose outcome the candidate would change."""
+
     candidate: str
     candidate_rule: str | None
     reason: str  # the candidate's
@@ -65,16 +71,9 @@ class Change:
 
 
 @dataclass(frozen=True)
-class Unjudged:
+class Unjudged(Replayed):
     """One call the candidate cannot be judged on from the trail: a rule tests a value the trail redacted."""
 
-    record_id: str
-    time: float
-    tool: str
-    source: str
-    agent: str
-    current: str  # allow | deny | ask, as recorded
-    current_rule: str | None
     outcomes: tuple[str, ...]  # what the candidate may decide, the least strict first: ("allow", "deny")
     rules: tuple[str, ...]  # the candidate's rules that test a redacted value
     redacted: tuple[str, ...]  # the values they test: `arguments.api_key`, `argv`
