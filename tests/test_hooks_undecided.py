@@ -111,6 +111,7 @@ def test_the_endpoint_defers_what_no_rule_decides_and_relays_a_rules_allow_and_d
                     "toolu_allowed": ("forwarded", "allow", "rules", "echo-is-fine"),
                     "toolu_denied": ("denied", "deny", "rules", "no-rm")}
     assert found["toolu_undecided"]["decision_reason"] == undecided["reason"]
+    assert found["toolu_undecided"]["consent"] == "deferred" and found["toolu_allowed"]["consent"] is None
     listed = audit_cli(trail, "list", "--status", "deferred")
     assert listed.returncode == 0, listed.stderr
     assert found["toolu_undecided"]["record_id"] in listed.stdout and " deferred " in listed.stdout
@@ -143,6 +144,7 @@ def test_the_post_event_completes_a_deferred_record_with_the_output(serve):
     assert done == {"decision": "allow", "reason": "recorded"}
     record = records(trail)["toolu_deferred_ran"]
     assert (record["status"], record["kind"], record["decision_source"]) == ("ok", "completed", "default")
+    assert record["consent"] == "deferred"  # it ran, and the trail still says the agent's own flow decided
     assert json.loads(record["answer"])["stdout"] == "hello-from-bash" and record["output_bytes"] > 0
     events = [json.loads(line) for line in audit_cli(trail, "export").stdout.splitlines()]
     assert [e["status"] for e in events if e["call_id"] == "toolu_deferred_ran"] == ["ok"]  # one merged record

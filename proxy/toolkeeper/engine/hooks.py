@@ -94,6 +94,7 @@ class HookCalls:
         reason = "no rule decided this call: the agent's own permission flow decides"
         record.decided_by(dataclasses.replace(undecided, reason=reason))
         record.status = "deferred"
+        record.consent = "deferred"  # kept when the post event completes the record: the agent's own flow decided
         if await self.agent_calls.write_forwarded(record, turn):
             return HookDecision("defer", reason)
         return self._unrecorded(record.tool)
