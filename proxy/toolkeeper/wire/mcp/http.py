@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -71,11 +71,11 @@ class McpEndpoint:
         refused = self.owners.refusal(request, credential)
         if refused is not None:
             return refused
-        response = await asgi(self.manager.handle_request, request,
-                              {AGENT_SCOPE_KEY: agent, AGENT_HEADER_SCOPE_KEY: self._agent_header(request),
-                               "user": credential.as_scope_user()})
-        self.owners.note(request, credential, response)
-        return response
+        # the owner is noted as the answer starts: the client may use the session it names before the answer ends
+        return await asgi(self.manager.handle_request, request,
+                          {AGENT_SCOPE_KEY: agent, AGENT_HEADER_SCOPE_KEY: self._agent_header(request),
+                           "user": credential.as_scope_user()},
+                          starting=lambda response: self.owners.note(request, credential, response))
 
 
     def _agent_header(self, request: web.Request) -> str | None:
@@ -107,8 +107,10 @@ async def _run_apart(call: Any, done: asyncio.Event) -> None:
         raise
 
 
-async def asgi(app: Any, request: web.Request, state: dict[str, Any]) -> web.StreamResponse:
-    """One request through an ASGI app, its answer streamed back as it is sent."""
+async def asgi(app: Any, request: web.Request, state: dict[str, Any],
+               starting: Callable[[web.StreamResponse], None] | None = None) -> web.StreamResponse:
+    """One request through an ASGI app, its answer streamed back as it is sent; `starting` sees the answer's
+    status and headers before the client does."""
     body = await request.read()
     scope = _scope(request, state)
     delivered = False
@@ -139,6 +141,8 @@ async def asgi(app: Any, request: web.Request, state: dict[str, Any]) -> web.Str
             headers = CIMultiDict((name.decode("latin-1"), value.decode("latin-1"))
                                   for name, value in message.get("headers", []))
             response = web.StreamResponse(status=message["status"], headers=headers)
+            if starting is not None:
+                starting(response)
             await response.prepare(request)
         elif message["type"] == "http.response.body" and response is not None:
             if message.get("body"):
