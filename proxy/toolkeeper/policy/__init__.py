@@ -30,7 +30,7 @@ from toolkeeper.policy.imports import (
 )
 from toolkeeper.policy.opa import DEFAULT_PATH, OpaPolicy
 from toolkeeper.policy.policy import Policy, policy_input, tier_decision
-from toolkeeper.policy.replay import Report, current_effect, replay_calls, replay_trail, text_report
+from toolkeeper.policy.replay import Replayed, Report, current_effect, replay_calls, replay_trail, text_report
 from toolkeeper.policy.rules import Rules, RulesError, default_rules_path, load_rules, rules_in_force
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "OpaPolicy",
     "Policy",
     "PolicyImportError",
+    "Replayed",
     "Report",
     "Rules",
     "RulesError",

@@ -45,11 +45,7 @@ def read(command: Command, simple: SimpleCommand, out: Found, depth: int) -> Non
     args = list(command.argv[1:])
     if entry.bundled_first and args and args[0] and args[0].isalpha():
         args = _unbundled(entry, args)  # `tar cIf CMD x.tar`: old-style options, their values after them
-    read = _options(entry, args, out, depth)
-    if read is not None and entry.subcommands:
-        if not read.operands or read.operands[0] not in entry.subcommands:
-            return  # `poetry install`: no command to run
-        read = _options(entry, read.operands[1:], out, depth)
+    read = _through_subcommand(entry, args, out, depth)
     if read is None:
         return
     # a wrapper that runs a command is looked through by allow rules, unless it changes who or where
@@ -86,13 +82,20 @@ def _xargs_replacement(argv: tuple[str | None, ...]) -> str:
 
 def _subcommand(entry: Program, command: Command, args: list[str | None], simple: SimpleCommand, out: Found,
                 depth: int) -> None:
-    read = _options(entry, args, out, depth)
-    if read is not None and entry.subcommands:
-        if not read.operands or read.operands[0] not in entry.subcommands:
-            return
-        read = _options(entry, read.operands[1:], out, depth)
+    read = _through_subcommand(entry, args, out, depth)
     if read is not None:
         _operands(entry, command, read, simple, out, depth)
+
+
+def _through_subcommand(entry: Program, args: list[str | None], out: Found, depth: int) -> _Options | None:
+    """A program's options, and for one that runs a command only after a subcommand (`poetry run CMD`), the
+    options after it; None when it runs nothing more (`poetry install`, `command -v`)."""
+    read = _options(entry, args, out, depth)
+    if read is None or not entry.subcommands:
+        return read
+    if not read.operands or read.operands[0] not in entry.subcommands:
+        return None
+    return _options(entry, read.operands[1:], out, depth)
 
 
 def _git_config_command(args: list[str | None], out: Found) -> None:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from toolkeeper.audit import SQLAudit
-from toolkeeper.policy import Report, RulesError, load_rules, replay_trail
+from toolkeeper.policy import Replayed, Report, RulesError, load_rules, replay_trail
 from toolkeeper.wire.admin.console.layout import csrf_field, link, page, show, when
 from toolkeeper.wire.admin.console.trail import typed_time
 
@@ -103,12 +104,9 @@ def _report(report: Report) -> str:
     shadow = "".join(f"<tr><td>{show(rule)}</td><td>would {show(effect)}</td><td>{count}</td></tr>"
                      for (rule, effect), count in sorted(report.shadow.items()))
     changes = "".join(
-        f"<tr class=change><td><a href='{link('/audit/' + c.record_id)}'>{show(when(c.time))}</a></td>"
-        f"<td>{show(c.tool)} <small>{show(c.source)}</small></td><td>{show(c.current)} "
-        f"<small>{show(c.current_rule or '')}</small></td><td>{show(c.candidate)} "
-        f"<small>{show(c.candidate_rule or '')}</small></td><td>{show(c.reason)}</td></tr>"
-        for c in report.changes[:SHOWN])
-    more = f"<p>... and {len(report.changes) - SHOWN} more.</p>" if len(report.changes) > SHOWN else ""
+        f"<tr class=change>{_call_cells(c)}<td>{show(c.candidate)} <small>{show(c.candidate_rule or '')}</small>"
+        f"</td><td>{show(c.reason)}</td></tr>" for c in report.changes[:SHOWN])
+    more = _more(report.changes)
     return (f"{summary}<h2>Outcomes</h2><table id=outcomes><tr><th>now</th><th>candidate</th><th>calls</th></tr>"
             f"{outcomes}</table><h2>Candidate rules that decided</h2><table id=rules><tr><th>rule</th>"
             f"<th>effect</th><th>calls</th></tr>{rules}</table>"
@@ -122,11 +120,20 @@ def _unjudged(report: Report) -> str:
     if not report.unjudged:
         return ""
     rows = "".join(
-        f"<tr class=unjudged><td><a href='{link('/audit/' + c.record_id)}'>{show(when(c.time))}</a></td>"
-        f"<td>{show(c.tool)} <small>{show(c.source)}</small></td><td>{show(c.current)} "
-        f"<small>{show(c.current_rule or '')}</small></td><td>{show(' or '.join(c.outcomes))}</td>"
+        f"<tr class=unjudged>{_call_cells(c)}<td>{show(' or '.join(c.outcomes))}</td>"
         f"<td>{show(', '.join(c.rules))} tests {show(', '.join(c.redacted))}, redacted</td></tr>"
         for c in report.unjudged[:SHOWN])
-    more = f"<p>... and {len(report.unjudged) - SHOWN} more.</p>" if len(report.unjudged) > SHOWN else ""
+    more = _more(report.unjudged)
     return ("<h2>Calls that cannot be judged from the trail</h2><table id=unjudged-calls><tr><th>time</th>"
             f"<th>tool</th><th>now</th><th>candidate: one of</th><th>why</th></tr>{rows}</table>{more}")
+
+
+def _call_cells(call: Replayed) -> str:
+    """A replayed call's first cells: when (a link to it in the trail), the tool, and what decided it now."""
+    return (f"<td><a href='{link('/audit/' + call.record_id)}'>{show(when(call.time))}</a></td>"
+            f"<td>{show(call.tool)} <small>{show(call.source)}</small></td><td>{show(call.current)} "
+            f"<small>{show(call.current_rule or '')}</small></td>")
+
+
+def _more(calls: Sequence[Replayed]) -> str:
+    return f"<p>... and {len(calls) - SHOWN} more.</p>" if len(calls) > SHOWN else ""
