@@ -324,6 +324,16 @@ def call(name: str, arguments, call_id: str | None = None) -> dict:
 POSTGRES = "postgresql://127.0.0.1:5432/test"
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def location(request, tmp_path):
+    """A store's location: an SQLite file, then a fresh PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "store.sqlite3")
+    else:
+        with postgres_schema() as url:
+            yield url
+
+
 @contextlib.contextmanager
 def postgres_schema():
     """A fresh schema in the local PostgreSQL (.ci/run starts it), dropped afterwards: its URL."""
@@ -358,3 +368,42 @@ def check_every_call_answered(messages: list[dict]) -> None:
         assert not pending, f"calls left unanswered before a {m['role']} message: {pending}"
         pending = {c["id"] for c in m.get("tool_calls") or []}
     assert not pending, f"calls left unanswered at the end: {pending}"
+
+
+# --- The OpenID provider: panva's oidc-provider, run by tests/idp/provider.mjs (the client: tests/idp/__init__.py) ---
+
+
+@pytest.fixture(scope="session")
+def oidc_provider():
+    """One provider for a test process. Setting a client's redirect URIs on it is fine (each test sets those
+    it uses); rotating keys or changing a user's groups is not: use fresh_oidc_provider for those."""
+    from idp import TestProvider
+
+    with TestProvider() as provider:
+        yield provider
+
+
+@pytest.fixture
+def fresh_oidc_provider():
+    """A provider of the test's own, to mutate at will (rotate_keys, set_groups)."""
+    from idp import TestProvider
+
+    with TestProvider() as provider:
+        yield provider
+
+
+# --- Debian's Chromium, driven by Playwright (its own browser download is not used) ---
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's; scripts/test installs it
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        yield chromium
+        chromium.close()

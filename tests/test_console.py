@@ -26,9 +26,6 @@ from test_approvals import TOKEN, Asking, serve
 from toolkeeper.audit import ExecutionRecord, open_audit
 from toolkeeper.wire.admin.sessions import MAX_FAILURES, Sessions
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's; scripts/test installs it
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
 IMAGES = ROOT / "docs" / "images"
 SEEDED = 20_000
 AGENT = APPROVALS_AGENT + """
@@ -81,16 +78,6 @@ def wait_for_approval(root: str, timeout: float = 15) -> str:
             return found[0]
         time.sleep(0.1)
     raise AssertionError("no call came to wait for approval")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture(scope="module")

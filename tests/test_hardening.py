@@ -145,8 +145,8 @@ def test_an_allowed_origin_is_served(scripted, tkh):
 
 def test_a_page_in_chromium_cannot_run_a_tool(scripted, tkh, tmp_path):
     """fetch(..., {mode: "no-cors"}) from a page of another origin: Chromium sends it; toolkeeper refuses it."""
+    from conftest import CHROMIUM, FLAGS
     from playwright.sync_api import sync_playwright
-    from test_console import CHROMIUM, FLAGS
 
     script_a_lookup(scripted, "from-chromium")
     page_server = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"],

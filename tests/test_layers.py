@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "proxy" / "toolkeeper"
-LAYERS = ("wire", "engine", "tools", "runners", "policy", "audit", "store", "cli", "scripted")
+LAYERS = ("wire", "engine", "tools", "runners", "policy", "identity", "audit", "store", "cli", "scripted")
 LEAVES = ("toolkeeper.common", "toolkeeper.database", "toolkeeper.settings", "toolkeeper.metrics",
           "toolkeeper.tracing")
 FORBIDDEN = {
@@ -43,8 +43,11 @@ FORBIDDEN = {
               "toolkeeper.policy", "toolkeeper.audit", "toolkeeper.cli", "toolkeeper.app", "toolkeeper.metrics",
               "toolkeeper.tracing", "toolkeeper.settings"},
     "wire": {"toolkeeper.runners", "toolkeeper.cli", "toolkeeper.app", "toolkeeper.scripted"},
+    # who calls: it checks tokens and sign-ins for the wire, and knows nothing of what the calls then do
+    "identity": {"toolkeeper.wire", "toolkeeper.engine", "toolkeeper.tools", "toolkeeper.runners",
+                 "toolkeeper.policy", "toolkeeper.audit", "toolkeeper.store", "toolkeeper.cli", "toolkeeper.app"},
 }
-for _layer in ("engine", "tools", "runners", "policy", "audit", "store"):
+for _layer in ("engine", "tools", "runners", "policy", "identity", "audit", "store"):
     FORBIDDEN[_layer].add("toolkeeper.scripted")
 FORBIDDEN["scripted"] = {f"toolkeeper.{name}" for name in LAYERS if name != "scripted"} | set(LEAVES) | {
     "toolkeeper.app"}

@@ -12,15 +12,6 @@ from conftest import postgres_schema
 from toolkeeper.store import VERSION, SchemaError, SQLiteStore, open_store
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def location(request, tmp_path):
-    if request.param == "sqlite":
-        yield str(tmp_path / "store.sqlite3")
-    else:
-        with postgres_schema() as url:
-            yield url
-
-
 def run(coroutine):
     return asyncio.run(coroutine)
 

@@ -20,6 +20,7 @@ from toolkeeper import __version__
 from toolkeeper.audit import Observer, Redactor, SQLAudit, open_audit
 from toolkeeper.common import is_loopback
 from toolkeeper.engine import CallHandler, Engine, History, HookCalls, McpDoor
+from toolkeeper.identity import Identity, build_identity
 from toolkeeper.metrics import Metrics
 from toolkeeper.policy import (
     ApprovalsConsent,
@@ -89,6 +90,7 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     """The app for one agent file. `consent` and `observers` stand in for the channel and add record readers
     (the demo answers for the user, tests read records); everything else comes from `settings`."""
     tracing = Tracing.start(settings.otlp_endpoint, settings.otlp_protocol, __version__)  # None: off
+    identity = build_identity(settings)  # before anything opens: a wrong `auth:` stops serve with what is wrong
     stores = Stores.open(agent, settings)
     opa = OpaPolicy(settings.opa_url, settings.opa_path, settings.opa_timeout) if settings.opa_url else None
     rules = agent_rules(settings, agent)
@@ -98,6 +100,7 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     for rule in rules.rules if rules else ():  # the shadow rules' series, there from the start
         if rule.mode == "shadow":
             metrics.expect("toolkeeper_shadow_matches_total", effect=rule.effect, rule=rule.id)
+    metrics.named_groups(configured_groups(rules, settings))
     servers = McpServers(agent.config.mcp_servers, agent.directory)
     handler = CallHandler(runners=tool_runners(agent, servers), consent=consent,
                           policy=policy, store=stores.store, observers=[metrics.record, *observers],
@@ -105,7 +108,7 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     history = History(stores.store, settings.history_ttl, metrics)
     engine = Engine(agent, handler, history=history, metrics=metrics)
 
-    guard = AdminGuard(settings.admin_token, stores.store)
+    guard = AdminGuard(settings.admin_token, stores.store, people=identity.people, tokens=settings.auth_tokens)
     admin = admin_app(guard, approvals_api(stores.store), Console(stores.audit, stores.store, guard),
                       tools_api(lambda: sorted(engine.agent.tools)), pins_api(stores.store, stores.audit))
     api_key = os.environ[agent.config.api_key_env] if agent.config.api_key_env else None
@@ -113,10 +116,11 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     doors = Doors(mcp_server, HookCalls(engine.agent_calls, settings.hooks_undecided), settings.host)
     app = proxy_app(engine, settings, upstream_url=agent.config.upstream, api_key=api_key, metrics=metrics,
                     admin=admin, agent_keys=agent_keys(agent, settings), checks=stores.checks(), store=stores.store,
-                    doors=doors, tracing=tracing)
+                    doors=doors, tracing=tracing, identity=identity)
 
     async def close(app: web.Application) -> None:
         await servers.close()
+        await identity.close()
         if opa is not None:
             await opa.close()
         await stores.close()
@@ -124,8 +128,9 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
             await asyncio.to_thread(tracing.shutdown)
 
     app.on_cleanup.append(close)
-    app[RELOAD] = Reloader(engine, settings)
+    app[RELOAD] = Reloader(engine, settings, identity)
     app[MCP_SERVER] = mcp_server
+    app[IDENTITY] = identity
     return app
 
 
@@ -141,13 +146,17 @@ class Reloader:
     """SIGHUP: the agent file and the rules read again, and used by the turns that begin after; when either
     does not load, the ones in force stay (logged). The audit record names the revisions that decided."""
 
-    def __init__(self, engine: Engine, settings: Settings):
+    def __init__(self, engine: Engine, settings: Settings, identity: Identity | None = None):
         self.engine = engine
         self.settings = settings
+        self.identity = identity
 
     def describe(self) -> str:
-        """Which sources decide, and what the hooks door answers for a call none decides, for the start line."""
-        return f"{self.engine.handler.policy.describe()}, {describe_hooks_undecided(self.settings.hooks_undecided)}"
+        """Which sources decide, what the hooks door answers for a call none decides, and who may call (when
+        `auth:` says), for the start line."""
+        who = self.identity.describe() if self.identity is not None else ""
+        return (f"{self.engine.handler.policy.describe()}, {describe_hooks_undecided(self.settings.hooks_undecided)}"
+                + (f", {who}" if who else ""))
 
     def __call__(self) -> bool:
         old = self.engine.agent
@@ -166,6 +175,7 @@ class Reloader:
                 log.warning("the agent file's %s changed: it takes effect at the next restart", key)
         handler = self.engine.handler
         handler.reload(policy=Policy(agent.config.yolo, rules, handler.policy.opa), runners=runners)
+        handler.metrics.named_groups(configured_groups(rules, self.settings))
         self.engine.use(agent)
         log.info("reloaded: %d declared tools from %s @%s, %s", len(agent.tools), agent.path, agent.revision,
                  self.describe())
@@ -174,6 +184,7 @@ class Reloader:
 
 RELOAD = web.AppKey("reload", Reloader)
 MCP_SERVER = web.AppKey("mcp_server", object)  # the MCP server of /mcp, also served over stdio by `toolkeeper mcp`
+IDENTITY = web.AppKey("identity", Identity)  # who calls: the checkers the `auth:` settings asked for
 
 
 def agent_keys(agent: Agent, settings: Settings) -> dict[str, str]:
@@ -199,22 +210,31 @@ def agent_rules(settings: Settings, agent: Agent) -> Rules | None:
     return rules
 
 
+def configured_groups(rules: Rules | None, settings: Settings) -> set[str]:
+    """The groups /metrics counts calls by (metrics.py says why no others): those the rules test, and those
+    `auth.oidc.roles` maps to a role."""
+    return (rules.named_groups() if rules else set()) | {pair.rpartition("=")[0] for pair in settings.auth_oidc_roles}
+
+
 def consent_mode(settings: Settings) -> str:
-    """--consent, with `auto` resolved: the terminal when there is one, else approvals when a token is set."""
+    """--consent, with `auto` resolved: the terminal when there is one, else approvals when a token is set or
+    people sign in through the OpenID provider."""
     if settings.consent != "auto":
         return settings.consent
-    return "terminal" if has_terminal() else ("approvals" if settings.admin_token else "none")
+    answerable = settings.admin_token or settings.auth_oidc_issuer  # someone can reach the approvals API
+    return "terminal" if has_terminal() else ("approvals" if answerable else "none")
 
 
 def consent_channel(settings: Settings, store: Store) -> Consent:
-    """Who is asked: the terminal, the approvals API (needs the admin token), or no one.
+    """Who is asked: the terminal, the approvals API (needs the admin token, or people signing in through the
+    provider), or no one.
 
-    `auto`: the terminal when there is one, else approvals when a token is set, else no one.
+    `auto`: the terminal when there is one, else approvals when someone can answer there, else no one.
     """
     mode = consent_mode(settings)
     if mode == "approvals":
-        if not settings.admin_token:
-            raise ValueError(f"the approvals channel needs an admin token: set {TOKEN_VARIABLE}")
+        if not settings.admin_token and not settings.auth_oidc_issuer:
+            raise ValueError(f"the approvals channel needs someone to answer it: set {TOKEN_VARIABLE}, or auth.oidc")
         return ApprovalsConsent(store, timeout=settings.consent_timeout)
     if mode == "terminal":
         return TerminalConsent(timeout=settings.consent_timeout)

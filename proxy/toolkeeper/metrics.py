@@ -17,6 +17,7 @@
     toolkeeper_upstream_errors_total{api,status}        turns ended by the model server's failure
     toolkeeper_unknown_calls_total{kind}                calls of a kind toolkeeper does not know, denied
     toolkeeper_hosted_tools_withheld_total{kind}        tools the model server runs, withheld by the rules
+    toolkeeper_group_calls_total{group}                 calls, by the group of the user each was for
 
 One process: a registry per `Metrics` (several apps in one process never
 collide). `serve --workers N`: the supervisor sets PROMETHEUS_MULTIPROC_DIR to a
@@ -27,6 +28,19 @@ A label whose values come from outside is bounded: a tool name counts as
 itself when toolkeeper declared it, and any other name (the agent's own tools,
 the model server's, an MCP server's), like an unknown call's kind, as itself
 for the first CAP distinct values of the process, then as `other`.
+
+Calls are counted by the principal's group, never by its user: a user is a
+label value per person, without end, and each new value is a series the
+metrics store keeps for good (a denial of service on it, and names of people
+in a place made for numbers). Nor is a group counted as the first CAP seen:
+which groups those are would depend on who called first. A group counts as
+itself only when the configuration names it (the groups the rules test by
+name, and those `auth.oidc.roles` maps to a role): what an operator chose to
+watch, bounded by the configuration's size, and known at start, so each
+series is there at zero. A call for a user in none of those groups counts as
+`other`; a call for no group at all (an agent alone, a user whose token or
+header gives no groups) as `none`. A call counts once under each named group
+of its user, so the sum over groups can exceed the calls.
 """
 
 from __future__ import annotations
@@ -49,6 +63,8 @@ DECISION_SOURCES = ("rules", "opa", "policy", "tier", "yolo", "default", "consen
                     "retry", "toolkeeper", "hosted", "pin")
 DECISION_EFFECTS = ("allow", "deny")
 CALL_ENDINGS = ("ok", "failed", "timeout", "denied", "invalid")  # a declared tool's series there from the start
+NO_GROUP = "none"  # a call for no group: the agent alone, or a user whose credentials name no group
+GLOB = frozenset("*?[")  # a rule's group pattern (team-*) names no one group: it counts nothing as itself
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,9 @@ FAMILIES = {
     "toolkeeper_hosted_tools_withheld_total": Family(
         "counter", "Tools the model server runs, withheld from a request by the rules.", ("kind",),
         bounded=("kind",)),
+    "toolkeeper_group_calls_total": Family(
+        "counter", "Calls, by the group of the user each was for: a group the configuration names (the rules, "
+        "auth.oidc.roles), other for any other, none for no group. Never by user.", ("group",)),
 }
 
 
@@ -136,10 +155,12 @@ class Metrics:
 
             MultiProcessCollector(self.registry, path=self.shared)
         self._capped: dict[str, Capped] = {}
+        self.groups: frozenset[str] = frozenset()  # the groups counted as themselves (named_groups)
         self._seen: dict[tuple[str, ...], Any] = {}  # each series by its family and label values
         self._families = {name: self._family(client, name, family) for name, family in FAMILIES.items()}
         for effect, source in itertools.product(DECISION_EFFECTS, DECISION_SOURCES):
             self.expect("toolkeeper_decisions_total", effect=effect, source=source)
+        self.named_groups(())
 
     def _family(self, client: Any, name: str, family: Family) -> Any:
         registry = None if self.shared else self.registry
@@ -190,6 +211,21 @@ class Metrics:
                 self.expect("toolkeeper_declared_calls_total", status=status, tool=tool)
             self.expect("toolkeeper_tool_seconds", tool=tool)
 
+    def named_groups(self, names: Iterable[str]) -> None:
+        """The groups the configuration names (a pattern is none), counted as themselves from now on, each series
+        there from the start (and after a reload, for the groups it adds)."""
+        self.groups = self.groups | {name for name in names if name and not GLOB & set(name)}
+        for group in (*sorted(self.groups), OTHER, NO_GROUP):
+            self.expect("toolkeeper_group_calls_total", group=group)
+
+    def grouped(self, document: dict[str, Any] | None) -> None:
+        """A call, under each named group of the user it was for (a policy input's `principal.groups`)."""
+        principal = (document or {}).get("principal")
+        groups = principal.get("groups") if isinstance(principal, dict) else None
+        groups = [group for group in groups if isinstance(group, str)] if isinstance(groups, list) else []
+        for group in [g for g in dict.fromkeys(groups) if g in self.groups] or [OTHER if groups else NO_GROUP]:
+            self.count("toolkeeper_group_calls_total", group=group)
+
     def record(self, record: ExecutionRecord) -> None:
         """An observer of execution records."""
         # a declared tool's name is the agent file's; any other comes from the agent or a server: bounded
@@ -198,6 +234,7 @@ class Metrics:
         if record.decision:
             self.count("toolkeeper_decisions_total", effect=record.decision, source=record.decision_source)
         self.shadowed(record.shadow)
+        self.grouped(record.policy_input)
         if record.duration_ms:
             self.observe("toolkeeper_tool_seconds", record.duration_ms / 1000, tool=tool)
 

@@ -125,6 +125,51 @@ class Settings:
                                      "uvloop (libuv's, in C: less CPU per request), or asyncio (Python's own)",
                              choices=("asyncio", "uvloop", "auto"))
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
+    public_url: str | None = option(None, "the URL people and MCP clients reach toolkeeper at "
+                                          "(https://toolkeeper.example): the console's sign-in callback and /mcp's "
+                                          "resource identifier; default: the address serve listens on",
+                                    metavar="URL")
+    trusted_proxy: tuple[str, ...] = option((), "a front proxy's address or network (10.0.0.0/8) whose "
+                                                 "--identity-header is believed (repeatable; default: loopback "
+                                                 "only); the header from any other peer is refused",
+                                            metavar="CIDR")
+    auth_algorithms: tuple[str, ...] = option(("RS256", "PS256", "ES256", "EdDSA"),
+                                              "the signatures accepted on ID and access tokens (public-key ones "
+                                              "only: never none, never HS*)", metavar="ALG")
+    auth_oidc_issuer: str | None = option(None, "people sign in to the console through this OpenID provider "
+                                                "(its issuer URL; discovery reads its "
+                                                "/.well-known/openid-configuration)", metavar="URL")
+    auth_oidc_client_id: str | None = option(None, "toolkeeper's client id at the OpenID provider")
+    auth_oidc_client_secret: str | None = option(None, "its client secret, from $TOOLKEEPER_AUTH_OIDC_CLIENT_SECRET "
+                                                       "or a file", flag=False, secret=True)
+    auth_oidc_scopes: tuple[str, ...] = option(("openid", "profile", "email"), "the scopes sign-in asks for "
+                                               "(add the one that releases the groups claim)", metavar="SCOPE")
+    auth_oidc_groups_claim: str = option("groups", "the ID token's claim that lists the person's groups")
+    auth_oidc_roles: tuple[str, ...] = option((), "a group and the role it gives (admin, approver, auditor): "
+                                                  "GROUP=ROLE, repeatable; in the config file a mapping "
+                                                  "`roles: {platform: admin}`", metavar="GROUP=ROLE")
+    auth_oidc_refresh: float = option(300.0, "seconds a person's groups are trusted before the session asks the "
+                                             "provider again (a person removed from a group loses its role "
+                                             "within this)")
+    auth_tokens: str = option("people", "who may use named tokens: people (the console's token sign-in too) or "
+                                        "automation-only (the CLI and scripts; people sign in through OIDC)",
+                              choices=("people", "automation-only"))
+    auth_agents_jwt_issuer: str | None = option(None, "agents may present a JWT from this issuer instead of a "
+                                                      "static key", metavar="URL")
+    auth_agents_jwt_audience: tuple[str, ...] = option((), "the audience an agent's JWT must name (repeatable)")
+    auth_agents_jwt_jwks_url: str | None = option(None, "the issuer's keys (default: its discovery document's "
+                                                        "jwks_uri)", metavar="URL")
+    auth_agents_jwt_user_claim: str = option("sub", "the JWT claim that names the user a call is for")
+    auth_agents_jwt_agent_claim: str | None = option(None, "the JWT claim that names the agent (default: "
+                                                           "client_id, else azp, else sub)")
+    auth_agents_jwt_groups_claim: str = option("groups", "the JWT claim that lists the user's groups")
+    auth_agents_jwt_claims: tuple[str, ...] = option((), "a JWT claim rules may read as principal.claims.NAME "
+                                                         "(repeatable; never the raw token)", metavar="NAME")
+    auth_mcp_issuer: str | None = option(None, "/mcp is an OAuth 2.1 protected resource whose access tokens "
+                                               "come from this authorization server (the MCP authorization "
+                                               "specification)", metavar="URL")
+    auth_mcp_scopes: tuple[str, ...] = option((), "the scopes an access token for /mcp must hold, all of them "
+                                                   "(its resource metadata lists them)", metavar="SCOPE")
     admin_token: str | None = option(None, f"the admin API's token, from ${TOKEN_VARIABLE}", flag=False,
                                      secret=True)
     agent_key: str | None = option(None, "the agent key `toolkeeper hook` presents to serve (one listed under "
@@ -230,6 +275,9 @@ def typed(name: str, value: Any, where: str = "") -> Any:
     default = setting.default
     try:
         if isinstance(default, tuple):
+            if isinstance(value, dict):  # pairs, from the config file: {platform: admin} is platform=admin
+                value = [f"{key}={item}" for key, items in value.items()
+                         for item in (items if isinstance(items, list) else [items])]
             items = value.split(",") if isinstance(value, str) else value
             value = tuple(str(item).strip() for item in items if str(item).strip())
         elif isinstance(default, bool):
@@ -287,15 +335,17 @@ def read_config(path: str) -> dict[str, Any]:
     return values
 
 
-def _grouped(loaded: dict[Any, Any]) -> list[tuple[str, Any]]:
-    """The config file's keys, a group's spelled out: `hooks: {undecided: ask}` is `hooks_undecided: ask` (no
-    setting's value is a mapping, so a mapping is always a group)."""
+def _grouped(loaded: dict[Any, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """The config file's keys, a group's spelled out: `hooks: {undecided: ask}` is `hooks_undecided: ask`, and
+    `auth: {oidc: {issuer: ...}}` is `auth_oidc_issuer`. A mapping is a group, unless it is the value of a
+    setting that takes pairs (`auth: {oidc: {roles: {platform: admin}}}`)."""
     keys: list[tuple[str, Any]] = []
     for key, value in loaded.items():
-        if isinstance(value, dict):
-            keys += [(f"{key}_{inner}", inner_value) for inner, inner_value in value.items()]
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and name.replace("-", "_") not in SETTINGS:
+            keys += _grouped(value, name + "_")
         else:
-            keys.append((str(key), value))
+            keys.append((name, value))
     return keys
 
 

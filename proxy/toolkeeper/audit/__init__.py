@@ -4,6 +4,7 @@ It imports nothing of the other layers: the engine hands it an
 `ExecutionRecord`, readers get `AuditEntry` objects back.
 """
 
+from toolkeeper.audit.calls import principal_user
 from toolkeeper.audit.databases import open_audit, without_password
 from toolkeeper.audit.events import AuditError, DamagedTrail
 from toolkeeper.audit.formats import FORMATS, opa_event, otlp_request
@@ -28,5 +29,6 @@ __all__ = [
     "opa_event",
     "open_audit",
     "otlp_request",
+    "principal_user",
     "without_password",
 ]

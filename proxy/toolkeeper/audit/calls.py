@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS audit_calls (
     request_id TEXT NOT NULL DEFAULT '',
     waited_ms {real},                   -- how long a person took to answer
     arguments TEXT NOT NULL DEFAULT '', -- as sent and as coerced (redacted), for the search
-    shadow TEXT                         -- the strongest effect a shadow rule would have had (deny, ask, allow)
+    shadow TEXT,                        -- the strongest effect a shadow rule would have had (deny, ask, allow)
+    principal_user TEXT                 -- whom it was for: principal.user (`user` is a word PostgreSQL reserves)
 );
 CREATE INDEX IF NOT EXISTS audit_calls_time ON audit_calls (time);
 CREATE INDEX IF NOT EXISTS audit_calls_request ON audit_calls (request_id);
@@ -43,10 +44,14 @@ CREATE INDEX IF NOT EXISTS audit_calls_request ON audit_calls (request_id);
 
 # Set by the call's first event (decided, refused or forwarded); later events move its state on.
 FIRST_COLUMNS = ("record_id", "first_seq", "last_seq", "time", "tool", "agent", "status", "source",
-                 "decision_source", "rule", "approver", "header", "request_id", "waited_ms", "arguments", "shadow")
+                 "decision_source", "rule", "approver", "header", "request_id", "waited_ms", "arguments", "shadow",
+                 "principal_user")
 # Columns added to the index after its first release: (name, type); a trail opened without one gets it, NULL
 # for the calls before (their events have no such field, so NULL is what the chain says).
-ADDED_COLUMNS = (("shadow", "TEXT"),)
+ADDED_COLUMNS = (("shadow", "TEXT"), ("principal_user", "TEXT"))
+# Indexes on added columns: made once the columns are there (CALLS_SCHEMA runs before they are, on an old trail).
+# "What did the agents do for Ada" is asked of a large trail, for a user among many: a page reads her rows alone.
+ADDED_INDEXES = ("CREATE INDEX IF NOT EXISTS audit_calls_user ON audit_calls (principal_user, first_seq)",)
 STATE_COLUMNS = ("last_seq", "status")
 UPSERT = (f"INSERT INTO audit_calls ({', '.join(FIRST_COLUMNS)}) VALUES ({', '.join('?' * len(FIRST_COLUMNS))}) "  # noqa: S608
           f"ON CONFLICT (record_id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in STATE_COLUMNS)} "
@@ -60,6 +65,7 @@ UNINDEXED = ("SELECT e.seq, e.body FROM audit_events e LEFT JOIN audit_calls c O
 # A filter's name, and the SQL test of one row it adds (one `?` each).
 EQUALS = ("tool", "status", "agent", "source", "decision_source", "rule", "approver", "header", "request_id",
           "shadow")
+COLUMN_OF = {"user": "principal_user"}  # filters named apart from their column: each an equality too
 BOUNDS = {"since": "time >= ?", "until": "time < ?", "until_seq": "last_seq <= ?"}
 PAGE_SIZE = 50
 
@@ -72,7 +78,15 @@ def call_row(event: dict[str, Any], seq: int) -> tuple:
     return (event["record_id"], seq, seq, event["time"], event["tool"], event["agent"], event["status"],
             event.get("source", ""), event.get("decision_source", ""), event.get("decision_rule"),
             event.get("approver"), header if isinstance(header, str) else None, event.get("request_id", ""),
-            event.get("waited_ms"), arguments, strongest_shadow(event.get("shadow")))
+            event.get("waited_ms"), arguments, strongest_shadow(event.get("shadow")),
+            principal_user(event.get("policy_input")))
+
+
+def principal_user(document: Any) -> str | None:
+    """Who a call was for, as its policy input says (`principal.user`); None when no token or header named one."""
+    principal = document.get("principal") if isinstance(document, dict) else None
+    user = principal.get("user") if isinstance(principal, dict) else None
+    return user if isinstance(user, str) and user else None
 
 
 def strongest_shadow(shadow: Any) -> str | None:
@@ -95,9 +109,9 @@ def where(filters: dict[str, Any], like: str = "LIKE") -> tuple[str, list[Any]]:
     """The WHERE clause choosing calls by their current state, and its parameters. `like`: the dialect's
     case-insensitive LIKE (SQLite's LIKE folds ASCII letters; PostgreSQL's ILIKE)."""
     tests, params = ["1 = 1"], []
-    for name in EQUALS:
+    for name in (*EQUALS, *COLUMN_OF):
         if filters.get(name) is not None:
-            tests.append(f"{name} = ?")
+            tests.append(f"{COLUMN_OF.get(name, name)} = ?")
             params.append(filters[name])
     for name, test in BOUNDS.items():
         if filters.get(name) is not None:

@@ -17,7 +17,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from toolkeeper.audit.calls import ADDED_COLUMNS
+from toolkeeper.audit.calls import ADDED_COLUMNS, ADDED_INDEXES
 from toolkeeper.audit.events import AuditError
 from toolkeeper.audit.redaction import Redactor
 from toolkeeper.audit.trail import SCHEMA, WRITE_WAIT, SQLAudit
@@ -51,6 +51,8 @@ class SQLiteAudit(SQLAudit):
                 except sqlite3.OperationalError as exc:  # another process starting added it first
                     if "duplicate column" not in str(exc):
                         raise
+        for statement in ADDED_INDEXES:
+            self._db.execute(statement)
         if self.path == ":memory:":  # another connection would open another, empty database
             self._reader, self._read_lock = self._db, self._lock
         else:  # WAL: this one reads while the other writes
@@ -121,6 +123,8 @@ class PostgresAudit(SQLAudit):
                                              real="DOUBLE PRECISION", blob="BYTEA"))
                     for name, kind in ADDED_COLUMNS:
                         db.execute(f"ALTER TABLE audit_calls ADD COLUMN IF NOT EXISTS {name} {kind}")
+                    for statement in ADDED_INDEXES:
+                        db.execute(statement)
         except psycopg.Error as exc:
             raise AuditError(f"cannot open the audit trail at {without_password(self.path)}: {exc}") from exc
         return db

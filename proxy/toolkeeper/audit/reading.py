@@ -60,7 +60,7 @@ class TrailReader:
 
     def records(self, *, limit: int | None = None, **filters: Any) -> list[AuditEntry]:
         """One entry per call, its events merged, oldest first; `limit`: only the newest that many. Filters:
-        calls.where's (tool, status, agent, source, approver, rule, header, since, until, search, ...)."""
+        calls.where's (tool, status, agent, user, source, approver, rule, header, since, until, search, ...)."""
         clause, params = where(filters, self.like)
         query = f"SELECT record_id FROM audit_calls WHERE {clause} ORDER BY first_seq DESC"  # noqa: S608
         if limit is not None:

@@ -65,6 +65,8 @@ class ExecutionRecord(BaseModel):
     shadow: list[dict[str, str]] = _in("decided", default_factory=list)  # shadow rules that matched: {rule, effect}
     consent: str | None = _in("decided")  # approved | denied, when someone was asked
     approver: str | None = _in("decided")
+    # the approver as the identity provider vouched for them: name, subject, issuer, email, username, groups, roles
+    approver_identity: dict[str, Any] | None = _in("decided")
     waited_ms: float | None = _in("decided")  # how long the call waited for a person's answer
     redacted: list[str] = _in("decided", default_factory=list)  # which values were replaced before storing
     host: str = _in("decided", default_factory=socket.gethostname)  # where it ran: a crash's calls are closed

@@ -96,10 +96,19 @@ def list_command(at: Server) -> int:
                               for k, v in approval["arguments"].items())
         why = f"rule {approval['rule']}: {approval['why']}" if approval.get("rule") else approval.get("why") or "?"
         header = f" ({approval['agent_header']})" if approval.get("agent_header") else ""
+        user = approval_user(approval)
+        header += f" for {user}" if user else ""
         print(printable(f"{approval['id']}  {approval['tool']}({arguments})  argv {json.dumps(approval['argv'])}"))
         left = f", {approval['left']:.0f} s left" if approval.get("left") is not None else ""
         print(printable(f"    why: {why}; agent {approval['agent']}{header}; waiting {approval['age']:.0f} s{left}"))
     return 0
+
+
+def approval_user(approval: dict) -> str | None:
+    """Whom a waiting call is for, when serve noted it (`principal_user`, or the call's `principal`)."""
+    principal = approval.get("principal")
+    user = approval.get("principal_user") or (principal.get("user") if isinstance(principal, dict) else None)
+    return str(user) if user else None
 
 
 def grants_command(at: Server) -> int:

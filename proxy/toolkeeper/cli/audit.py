@@ -8,7 +8,17 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from toolkeeper.audit import FORMATS, SOURCES, STATUSES, AuditEntry, AuditError, DamagedTrail, SQLAudit, open_audit
+from toolkeeper.audit import (
+    FORMATS,
+    SOURCES,
+    STATUSES,
+    AuditEntry,
+    AuditError,
+    DamagedTrail,
+    SQLAudit,
+    open_audit,
+    principal_user,
+)
 from toolkeeper.common import TIME_GRAMMAR, counted, moment, printable
 from toolkeeper.database import is_postgres_url
 from toolkeeper.settings import Settings
@@ -72,6 +82,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("--tool", help="only calls of this tool")
         sub.add_argument("--status", choices=STATUSES, help="only calls in this state")
         sub.add_argument("--agent", help="only calls of this agent (its name, or the hash the records show)")
+        sub.add_argument("--user", help="only calls made for this user (principal.user: an agent's token, or the "
+                         "trusted identity header, named them)")
         sub.add_argument("--source", choices=SOURCES,
                          help="declared calls (toolkeeper ran them), or the agent's own (passed on or refused)")
         sub.add_argument("--decided-by", dest="decision_source",
@@ -98,8 +110,9 @@ def line(record: AuditEntry) -> str:
     by = record.decision_rule or record.decision_source or "-"
     duration = f"{record.duration_ms:.1f} ms"
     tool = record.tool if record.source == "declared" else f"{record.tool} ({record.source})"
+    user = principal_user(record.policy_input)
     return printable(f"{record.record_id}  {when}  {record.status:<9} {tool:<16} "
-                     f"{decided}/{by:<22} {duration:>10}  agent {record.agent}")
+                     f"{decided}/{by:<22} {duration:>10}  agent {record.agent}" + (f" for {user}" if user else ""))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,9 +164,10 @@ def tail(audit: SQLAudit, args: argparse.Namespace) -> int:
 
 def _filters(args: argparse.Namespace) -> dict:
     return {"since": since(args.since), "until": since(args.until, "--until"), "tool": args.tool,
-            "status": args.status, "agent": args.agent, "source": args.source, "approver": args.approver,
-            "rule": args.rule, "header": args.header, "decision_source": args.decision_source,
-            "request_id": args.request_id, "search": args.search, "shadow": args.shadow}
+            "status": args.status, "agent": args.agent, "user": args.user, "source": args.source,
+            "approver": args.approver, "rule": args.rule, "header": args.header,
+            "decision_source": args.decision_source, "request_id": args.request_id, "search": args.search,
+            "shadow": args.shadow}
 
 
 def export(audit: SQLAudit, args: argparse.Namespace) -> int:

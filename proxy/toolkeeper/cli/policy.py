@@ -9,6 +9,8 @@ call takes the steps `serve` takes (`check_call`, `CallHandler.document`,
 `Policy.decide`), so a scenario exercises the real policy input.
 A call with `source: agent` is one of the agent's own tools (Claude Code's
 Bash, Codex's exec_command): not in the agent file, its arguments as sent.
+A scenario's `principal:` (explain's `--user`, `--group`) says whom the call
+is for, as an agent's token or a trusted identity header would.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from toolkeeper.cli.policy_import import add_import_parser, run_import
 from toolkeeper.cli.replay import add_replay_parser, run_replay
@@ -51,6 +53,26 @@ class Call(Strict):
     kind: str = "function"  # an agent's call: its type as the model sends it (shell_call, apply_patch_call, ...)
 
 
+class Principal(Strict):
+    """Whom a call is for, as serve would learn it from an agent's token or a trusted identity header: the policy
+    input's `principal` (its agent, when not given, is the scenario's `agent.id`)."""
+
+    user: str | None = None
+    groups: tuple[str, ...] = ()
+    issuer: str | None = None
+    agent: str | None = None
+    claims: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("groups", mode="before")
+    @classmethod
+    def _one_group(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
+
+    def document(self) -> dict[str, Any]:
+        given = self.model_dump(exclude_none=True)
+        return {**given, "groups": list(self.groups)}
+
+
 class Situation(Strict):
     """When and for whom a call is decided: what a scenario (or `explain`'s options) says of the request."""
 
@@ -59,6 +81,7 @@ class Situation(Strict):
     at: datetime | None = None
     agent: dict[str, str] = Field(default_factory=dict)  # id, header
     workdir: str | None = None  # the agent's working directory, as a hook would say it (null: not known)
+    principal: Principal | None = None  # whom the call is for (null: the agent alone)
 
 
 class Scenario(Situation):
@@ -95,6 +118,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     explain.add_argument("--at", type=datetime.fromisoformat, help="the time of the call (ISO 8601)")
     explain.add_argument("--agent-id", default="", help="the agent's name or hash, as policies read it")
     explain.add_argument("--agent-header", help="the identity header's value, as policies read agent.header")
+    explain.add_argument("--user", help="the user the call is for, as policies read principal.user")
+    explain.add_argument("--group", action="append", default=[], dest="groups", metavar="GROUP",
+                         help="a group of that user, as policies read principal.groups (repeatable)")
     explain.add_argument("--workdir", help="the agent's working directory, as its hook would say it: relative "
                                            "paths resolve in it (default: not known)")
     explain.add_argument("--source", choices=["declared", "agent", "hosted", "mcp"], default="declared",
@@ -126,7 +152,8 @@ async def evaluate(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, cal
     yolo = agent.config.yolo if situation.yolo is None else situation.yolo
     handler = CallHandler(runners={}, consent=NoConsent(), policy=Policy(yolo, rules, opa))
     turn = TurnContext(agent=situation.agent.get("id", ""), agent_header=situation.agent.get("header"),
-                       workdir=situation.workdir)
+                       workdir=situation.workdir,
+                       principal=situation.principal.document() if situation.principal is not None else None)
     if call.source != "declared":
         document = handler.document(call.tool, call.arguments, None, turn, interactive=situation.interactive,
                                     now=situation.at, kind=call.kind, source=call.source)
@@ -229,8 +256,9 @@ def explain(args: argparse.Namespace) -> int:
     agent = load_agent_file(args.agent_file)
     rules = rules_in_force(args.policy, args.opa_url)
     opa = OpaPolicy(args.opa_url, args.opa_path, timeout=5) if args.opa_url else None
-    situation = Situation(yolo=args.yolo, at=args.at, workdir=args.workdir, agent={"id": args.agent_id, **(
-        {"header": args.agent_header} if args.agent_header is not None else {})})
+    principal = Principal(user=args.user, groups=args.groups) if args.user or args.groups else None
+    situation = Situation(yolo=args.yolo, at=args.at, workdir=args.workdir, principal=principal, agent={
+        "id": args.agent_id, **({"header": args.agent_header} if args.agent_header is not None else {})})
 
     async def run() -> tuple[dict[str, Any], Decision]:
         try:

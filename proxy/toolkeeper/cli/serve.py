@@ -20,6 +20,9 @@ from toolkeeper.settings import Settings, SettingsError
 log = logging.getLogger("toolkeeper")
 
 
+MAX_HEADER_BYTES = 20 * 1024
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser("serve", help="run the proxy in front of the agent file's upstream")
     serve.add_argument("agent_path", metavar="agent_file", nargs="?",
@@ -85,8 +88,11 @@ async def serve(agent, settings: Settings, *, worker: bool = False, ready_fd: in
     app = build_app(agent, settings)
     # handler_cancellation: an agent that disconnects cancels its turn, and with
     # it the running tool (its process group is killed).
-    # keepalive_timeout also closes a connection that never completes its request's headers
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.idle_timeout)
+    # keepalive_timeout also closes a connection that never completes its request's headers.
+    # max_field_size: an access token with many groups (Entra's) is longer than aiohttp's 8 KiB default for one
+    # header; toolkeeper's own check refuses tokens past 16 KiB, in the API's error shape.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.idle_timeout,
+                           max_field_size=MAX_HEADER_BYTES)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, reuse_port=worker or settings.reuse_port)
     try:

@@ -25,7 +25,7 @@ from toolkeeper.engine.memo import Attempt, RetryMemo
 from toolkeeper.engine.types import ToolCall, TurnContext
 from toolkeeper.metrics import Metrics
 from toolkeeper.policy import Consent, ConsentRequest, Decision, Policy, arguments_hash, policy_input
-from toolkeeper.runners import Runner
+from toolkeeper.runners import Caller, Runner, acting_for
 from toolkeeper.store import Store, StoreError
 from toolkeeper.tools import DeclaredTool, check_call, invalid_call_answer, parse_arguments
 
@@ -116,7 +116,8 @@ class CallHandler:
         return policy_input(tool, arguments, argv, agent_id=turn.agent, agent_header=turn.agent_header,
                             request_id=turn.request_id, yolo=self.policy.yolo,
                             interactive=self.consent_for(turn).can_ask if interactive is None else interactive,
-                            now=now, kind=kind, source=source, tier=tier, workdir=turn.workdir)
+                            now=now, kind=kind, source=source, tier=tier, workdir=turn.workdir,
+                            principal=turn.principal)
 
     def consent_for(self, turn: TurnContext) -> Consent:
         """Who is asked about this turn's calls: the door's own channel when it has one, else the configured."""
@@ -254,7 +255,9 @@ class CallHandler:
         if state.attempt is not None:
             state.attempt.started()
         try:
-            result = await self.runners[state.tool.spec.runner].run(state.tool, state.argv, state.values)
+            turn = state.context.turn
+            with acting_for(Caller.of(turn.principal, turn.subject_token)):  # an MCP server may exchange its token
+                result = await self.runners[state.tool.spec.runner].run(state.tool, state.argv, state.values)
         except BaseException as exc:
             self._closed_early(record, exc)
             raise
@@ -288,9 +291,11 @@ class CallHandler:
         started = time.monotonic()
         turn = state.context.turn
         arguments, argv = self.redactor.shown(state.values, state.argv)  # what a person and the log may see
+        principal = turn.principal or {}
         request = ConsentRequest(state.record.tool, arguments, argv, turn.agent, args_hash=arguments_hash(state.values),
                                  reason=asking.reason, rule=asking.rule_id, source=asking.source,
-                                 agent_header=turn.agent_header)
+                                 agent_header=turn.agent_header, user=principal.get("user"),
+                                 user_issuer=principal.get("issuer"))
         self.metrics.add("toolkeeper_approvals_waiting", 1)
         try:
             answer = await self.consent_for(turn).ask(request)
@@ -301,6 +306,7 @@ class CallHandler:
                  printable(answer.approver), time.monotonic() - started)
         state.record.consent = "always" if answer.always else "approved" if answer.allowed else "denied"
         state.record.approver = answer.approver
+        state.record.approver_identity = answer.approver_identity
         state.record.waited_ms = round((time.monotonic() - started) * 1000, 1)
         if answer.allowed:
             return Decision("allow", "consent", f"approved by {answer.approver}")

@@ -8,6 +8,12 @@
 
 Results are MCP `CallToolResult`s as JSON: a server's is passed on unchanged;
 a refusal is a tool error (`isError: true`) whose text says why.
+
+A call is for the session's principal (over HTTP, the person /mcp's access
+token or the agent's JWT names). A server that takes each caller's own token
+(`auth: {token_exchange: ...}`) is reached through that caller's connection;
+a caller with no token to exchange is refused (`denied`) before any server is,
+and is not shown that server's tools.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from toolkeeper.engine.discovery import Discovery
 from toolkeeper.engine.loop import Engine
 from toolkeeper.engine.types import ToolCall, TurnContext
 from toolkeeper.policy import Consent, Decision
-from toolkeeper.runners import McpConnection, McpServerError, McpServers, McpServerTimeout
+from toolkeeper.runners import Caller, McpCallerRequired, McpConnection, McpServerError, McpServers, McpServerTimeout
 from toolkeeper.store import Store, StoreError, definition_digest
 from toolkeeper.tools import PROXIED_PREFIX, SEARCH_TOOL, McpServerSpec, mcp_tool, tool_schema
 
@@ -37,18 +43,34 @@ log = logging.getLogger("toolkeeper")
 
 @dataclass
 class McpSession:
-    """One MCP client's connection: who it is, what its searches found, and who is asked for it."""
+    """One MCP client's connection: who it is, what its searches found, and who is asked for it. Over HTTP, each
+    request's view of it (`dataclasses.replace`) carries that request's principal and token: a client refreshes
+    its token within a session, and a person's groups may change meanwhile."""
 
     agent: str
     tenant: str = ""
     agent_header: str | None = None
+    principal: dict[str, Any] | None = None  # who the calls are for (identity.Principal.document())
+    subject_token: str | None = field(default=None, repr=False, compare=False)  # the client's token: never sent on
     consent: Consent | None = None  # the client's elicitation, when it declares it and nothing else can ask
     found: set[str] = field(default_factory=set)
     trace: Any = None  # the request's span, when tracing is on: its declared and proxied calls' parent
 
     def turn(self) -> TurnContext:
         return TurnContext(request_id=secrets.token_hex(8), agent=self.agent, tenant=self.tenant or self.agent,
-                           agent_header=self.agent_header, api="mcp", consent=self.consent, trace=self.trace)
+                           agent_header=self.agent_header, principal=self.principal,
+                           subject_token=self.subject_token, api="mcp", consent=self.consent, trace=self.trace)
+
+    @property
+    def caller(self) -> Caller | None:
+        """Whom the agent's MCP servers act for, when one exchanges the caller's token."""
+        return Caller.of(self.principal, self.subject_token)
+
+
+async def _listing(connection: McpConnection, caller: Caller | None) -> list[dict[str, Any]]:
+    """A server's tools as the caller may reach them: none (McpCallerRequired) from a server that needs the caller's
+    token when it has none."""
+    return await connection.for_caller(caller).refreshed()
 
 
 def tool_error(text: str) -> dict[str, Any]:
@@ -121,9 +143,12 @@ class McpDoor:
         listed = [mcp_tool(entry) for entry in self._declared_entries(session)]
         connections = list(self.servers.connections.values())
         # every server listed at once: one slow to start holds the listing up by its own wait, not the sum
-        answers = await asyncio.gather(*(connection.refreshed() for connection in connections),
+        answers = await asyncio.gather(*(_listing(connection, session.caller) for connection in connections),
                                        return_exceptions=True)
         for connection, tools in zip(connections, answers, strict=True):
+            if isinstance(tools, McpCallerRequired):  # not this caller's to see: no token of its own to exchange
+                log.debug("%s: its tools are not listed to this caller", printable(str(tools)))
+                continue
             if isinstance(tools, McpServerError):
                 log.warning("%s: its tools are not listed", printable(str(tools)))
                 continue
@@ -238,7 +263,9 @@ class McpDoor:
     async def _proxied_answer(self, name: str, values: dict[str, Any], record: ExecutionRecord,
                               turn: TurnContext) -> dict[str, Any]:
         try:
-            found = await self._server_tool(name)
+            found = await self._server_tool(name, Caller.of(turn.principal, turn.subject_token))
+        except McpCallerRequired as exc:  # refused before any server is reached: a denied call, and why
+            return await self._unreached(record, "denied", f"Not run: {exc}.")
         except McpServerError as exc:
             return await self._unreached(record, "failed", f"Not run: {exc}.")
         if found is None:
@@ -261,11 +288,14 @@ class McpDoor:
         await self.handler.settle(record, Outcome(answer))
         return tool_error(answer)
 
-    async def _server_tool(self, name: str) -> tuple[McpConnection, dict[str, Any]] | None:
+    async def _server_tool(self, name: str, caller: Caller | None) -> tuple[McpConnection, dict[str, Any]] | None:
+        """The connection the call goes through (the caller's own, for a server that exchanges its token) and the
+        tool's definition now."""
         server, _, tool = name[len(PROXIED_PREFIX):].partition("__")
         connection = self.servers.connections.get(server)
         if connection is None:
             return None
+        connection = connection.for_caller(caller)
         # the server's definition now, not the one the client listed: a client lists once a session, and a server
         # may change a tool after that; the pin is checked against what the call would reach
         listed = {entry["name"]: entry for entry in await connection.refreshed()}

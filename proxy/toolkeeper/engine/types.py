@@ -154,6 +154,10 @@ class TurnContext:
     tenant: str = ""  # the full hash of the credentials: whose stored history this is
     request_body: bytes = b""  # the exact body: with the credentials, the request's key (request_key)
     agent_header: str | None = None  # the identity header the deployment sets, if it names one
+    principal: dict[str, Any] | None = None  # who the call is for (identity.Principal.document()); None: the agent
+    # The caller's own token (a JWT agent's, an /mcp access token), for an MCP server that exchanges it for one of
+    # its own (RFC 8693); never in a repr, a log, a record or another server's request
+    subject_token: str | None = field(default=None, repr=False, compare=False)
     api: str = "chat"  # which door the request came in by: chat | responses | messages | mcp | hook
     agent_revision: str = ""  # the agent file in force when the turn began (set by the engine)
     consent: Any = None  # a channel of the door's own (an MCP client's elicitation), asked instead of the configured

@@ -6,7 +6,7 @@ channel: the terminal, the approvals store, or none. This layer knows nothing
 of HTTP or of the tool loop.
 """
 
-from toolkeeper.policy.approvals import ApprovalsConsent, arguments_hash
+from toolkeeper.policy.approvals import ApprovalsConsent, arguments_hash, four_eyes_refusal, same_person
 from toolkeeper.policy.conditions import commands_in
 from toolkeeper.policy.consent import (
     RULE_SOURCES,
@@ -58,6 +58,7 @@ __all__ = [
     "commands_in",
     "current_effect",
     "default_rules_path",
+    "four_eyes_refusal",
     "has_terminal",
     "import_policy",
     "load_rules",
@@ -69,6 +70,7 @@ __all__ = [
     "replay_calls",
     "replay_trail",
     "rules_in_force",
+    "same_person",
     "text_report",
     "tier_decision",
 ]

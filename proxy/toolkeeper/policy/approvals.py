@@ -16,6 +16,12 @@ grants one agent one tool ("always allow this script"), whatever its
 arguments, until revoked (`toolkeeper approvals --always`, `toolkeeper revoke
 ID`); it never lifts a security rule's ask: approved --always, such a call is
 approved once.
+
+Four eyes: a call asked for on behalf of a person (its principal's user) is
+never approved by that same person, whether they answer it, gave the always
+grant that would answer it, or approved an identical call of another user's.
+So an approval is also for one user: its key holds the user with the
+arguments. Denying one's own call is allowed: it only takes away.
 """
 
 from __future__ import annotations
@@ -34,6 +40,34 @@ def arguments_hash(arguments: dict[str, Any]) -> str:
     return sha256_hex(canonical_json(arguments))
 
 
+def same_person(user: str | None, user_issuer: str | None, approver: str,
+                identity: dict[str, Any] | None = None) -> bool:
+    """Whether the one answering is the person the call is for: the same issuer and subject, or the call's user
+    equal to their subject, email or username (a named token's or `--as` name when no provider vouched for them),
+    whatever the letters' case (mail systems and directories ignore it)."""
+    if not user:
+        return False
+    if identity and user_issuer and identity.get("issuer") == user_issuer and identity.get("subject") == user:
+        return True
+    names = (identity.get("subject"), identity.get("email"), identity.get("username")) if identity else (approver,)
+    return any(isinstance(name, str) and name.casefold() == user.casefold() for name in names)
+
+
+def four_eyes_refusal(approval: dict[str, Any], approver: str, identity: dict[str, Any] | None) -> str | None:
+    """Why `approver` may not approve this waiting call (it was asked for on their behalf), or None."""
+    if not same_person(approval.get("principal_user"), approval.get("principal_issuer"), approver, identity):
+        return None
+    return (f"{approval['id']} was asked for on behalf of {approval['principal_user']}, who may not approve it "
+            "(four eyes): another approver must; they may deny it")
+
+
+def approval_key(request: ConsentRequest) -> str:
+    """What an approval is for: the exact arguments, and the person the call acts for when it names one."""
+    if not request.user:
+        return request.args_hash
+    return sha256_hex(canonical_json([request.args_hash, request.user_issuer, request.user]))
+
+
 class ApprovalsConsent:
     can_ask = True
 
@@ -48,22 +82,26 @@ class ApprovalsConsent:
             return ConsentAnswer(False, "approvals", f"the approvals store did not answer: {exc}")
 
     async def _ask(self, request: ConsentRequest) -> ConsentAnswer:
-        store = self.store
+        store, key = self.store, approval_key(request)
         grant = None if request.rule_asks else await store.grant_for(request.agent, request.tool)
-        if grant:
+        if grant and not same_person(request.user, request.user_issuer, grant["approver"],
+                                     grant.get("approver_identity")):
             return ConsentAnswer(True, grant["approver"], f"{request.tool} is always allowed for {request.agent} "
-                                                          f"({grant['id']})", always=True)
-        given = await store.find_approval(request.agent, request.tool, request.args_hash, ("approved",))
+                                                          f"({grant['id']})", always=True,
+                                 approver_identity=grant.get("approver_identity"))
+        given = await store.find_approval(request.agent, request.tool, key, ("approved",))
         if given and await store.settle_approval(given["id"], "used", None, None, only_from=("approved",)):
-            return ConsentAnswer(True, given["approver"] or "approvals", "approved while no request waited")
+            return ConsentAnswer(True, given["approver"] or "approvals", "approved while no request waited",
+                                 approver_identity=given.get("approver_identity"))
         while True:  # an identical call waiting beside this one shares its approval; one approval runs one call
-            approval = await store.find_approval(request.agent, request.tool, request.args_hash, ("waiting",))
+            approval = await store.find_approval(request.agent, request.tool, key, ("waiting",))
             if approval is None:
                 approval = {"id": new_id("ap_"), "agent": request.agent, "tool": request.tool,
-                            "args_hash": request.args_hash, "arguments": request.arguments, "argv": request.argv,
+                            "args_hash": key, "arguments": request.arguments, "argv": request.argv,
                             "created": time.time(), "expires": time.time() + self.timeout, "status": "waiting",
-                            "why": request.reason,
-                            "rule": request.rule, "source": request.source, "agent_header": request.agent_header}
+                            "why": request.reason, "rule": request.rule, "source": request.source,
+                            "agent_header": request.agent_header, "principal_user": request.user,
+                            "principal_issuer": request.user_issuer}
                 await store.add_approval(approval)
             log.warning("waiting for approval %s: %s, because %s (toolkeeper approve %s, or deny)", approval["id"],
                         request.summary(), request.why(), approval["id"])
@@ -85,10 +123,12 @@ class ApprovalsConsent:
                 if not await self.store.settle_approval(approval_id, "used", None, None, only_from=("approved",)):
                     return None  # taken between the look and the claim
                 return ConsentAnswer(True, current["approver"] or "approvals", f"approved ({approval_id})",
-                                     always=bool(current.get("granted")))
+                                     always=bool(current.get("granted")),
+                                     approver_identity=current.get("approver_identity"))
             if current["status"] in ("denied", "expired"):
                 return ConsentAnswer(False, current["approver"] or "approvals",
-                                     current["reason"] or f"the request was {current['status']}")
+                                     current["reason"] or f"the request was {current['status']}",
+                                     approver_identity=current.get("approver_identity"))
             left = deadline - time.monotonic()
             if left <= 0:
                 await self.store.settle_approval(approval_id, "expired", None, f"no answer within {self.timeout:g} s")

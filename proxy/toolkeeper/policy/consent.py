@@ -36,6 +36,8 @@ class ConsentRequest:
     rule: str | None = None  # the rule that asks, when one does
     source: str = ""  # rules | opa | yolo
     agent_header: str | None = None  # the identity header the deployment set
+    user: str | None = None  # the person the call is for (the principal's user): never its own approver
+    user_issuer: str | None = None  # who vouched for that user (None: a trusted header, or no one)
 
     @property
     def rule_asks(self) -> bool:
@@ -55,6 +57,7 @@ class ConsentAnswer:
     approver: str
     reason: str = ""
     always: bool = False  # allowed by, or granting, an always answer
+    approver_identity: dict[str, Any] | None = None  # the approver as the identity provider vouched for them
 
 
 class Consent(Protocol):

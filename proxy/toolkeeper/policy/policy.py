@@ -34,13 +34,15 @@ WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 def policy_input(tool: DeclaredTool | str, arguments: Any, argv: list[str] | None, *, agent_id: str = "",
                  agent_header: str | None = None, request_id: str = "", yolo: bool = False,
                  interactive: bool = False, now: datetime | None = None, kind: str = "function",
-                 source: str = "agent", tier: str | None = None, workdir: str | None = None) -> dict[str, Any]:
+                 source: str = "agent", tier: str | None = None, workdir: str | None = None,
+                 principal: dict[str, Any] | None = None) -> dict[str, Any]:
     """The one document every policy source reads. `tool`: a declared tool, or the name of one of the agent's
     own (`tool.source: agent`: its arguments as sent, no argv, no tier), of one the model server runs
     (`hosted`), or of an MCP server's served through toolkeeper (`mcp`, with its server's `tier`); `kind`: the
     call's type as the model sent it (`function`, or a built-in's item type: `shell_call`, `apply_patch_call`, ...,
     or a hosted tool's: `web_search`, `web_search_20250305`, ...); `workdir`: the agent's working directory when its
-    door says (a declared tool's is its own; a `local_shell` action names its own)."""
+    door says (a declared tool's is its own; a `local_shell` action names its own); `principal`: who the call is
+    for (identity.Principal's document), else only the agent."""
     now = now or datetime.now().astimezone()
     if isinstance(tool, str):
         described = {"name": tool, "source": source, "kind": kind, "tier": tier,
@@ -57,11 +59,21 @@ def policy_input(tool: DeclaredTool | str, arguments: Any, argv: list[str] | Non
         "arguments": arguments,
         "argv": argv,
         "agent": {"id": agent_id, "header": agent_header},
+        "principal": principal_document(principal, agent_id),
         "mode": {"yolo": yolo, "interactive": interactive},
         "workdir": workdir,
         "request": {"id": request_id, "time": now.isoformat(timespec="seconds"), "weekday": WEEKDAYS[now.weekday()],
                     "hour": now.hour},
     }
+
+
+def principal_document(principal: dict[str, Any] | None, agent_id: str) -> dict[str, Any]:
+    """The policy input's `principal`, every field there (a rule reads `principal.groups` without asking first
+    whether it exists): the agent alone when no token or trusted header named a user."""
+    document = {"agent": agent_id, "user": None, "groups": [], "issuer": None, "claims": {}}
+    document.update({key: value for key, value in (principal or {}).items() if key in document})
+    document["agent"] = document["agent"] or agent_id
+    return document
 
 
 def tier_decision(document: dict[str, Any]) -> Decision:

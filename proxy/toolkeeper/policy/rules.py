@@ -51,6 +51,56 @@ class AgentTest(Strict):
         return self.header is None or self.header.holds(agent.get("header"), agent.get("header") is not None)
 
 
+class GroupsTest(Strict):
+    """Tests on the principal's groups (globs): `any` of them, `all` of them, `none` of them; a list is `any`."""
+
+    any: tuple[str, ...] | None = None
+    all: tuple[str, ...] | None = None
+    none: tuple[str, ...] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _listed(cls, value: Any) -> Any:
+        return {"any": [value] if isinstance(value, str) else value} if isinstance(value, (str, list, tuple)) \
+            else value
+
+    def holds(self, groups: list[str]) -> bool:
+        def held(glob: str) -> bool:
+            return any(fnmatch.fnmatchcase(group, glob) for group in groups)
+
+        return ((self.any is None or any(held(glob) for glob in self.any))
+                and (self.all is None or all(held(glob) for glob in self.all))
+                and (self.none is None or not any(held(glob) for glob in self.none)))
+
+
+class PrincipalTest(Strict):
+    """Who the call is for (the policy input's `principal`): its user, groups, issuer, agent and chosen claims."""
+
+    user: ValueTest | None = None
+    agent: ValueTest | None = None
+    issuer: ValueTest | None = None
+    groups: GroupsTest | None = None
+    claims: dict[str, ValueTest] = Field(default_factory=dict)
+
+    def holds(self, principal: dict[str, Any]) -> bool:
+        for name in ("user", "agent", "issuer"):
+            test = getattr(self, name)
+            if test is not None and not _held(test, principal.get(name), principal.get(name) is not None):
+                return False
+        groups = principal.get("groups")
+        if self.groups is not None and not self.groups.holds(groups if isinstance(groups, list) else []):
+            return False
+        claims = principal.get("claims") or {}
+        return all(_held(test, claims.get(name), name in claims) for name, test in self.claims.items())
+
+
+def _held(test: ValueTest, value: Any, present: bool) -> bool:
+    """A principal's field no token or header gave is read as null, not skipped: `user: {not_equals: ada}` holds for
+    a call that names no user (a rule meant to stop everyone but Ada must stop the anonymous too); only `present:`
+    asks whether it was given."""
+    return test.holds(value, present if test.present is not None else True)
+
+
 class TimeTest(Strict):
     weekdays: tuple[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"], ...] | None = None
     hours: str | None = None  # "09-17": from 09:00 to 17:59, in the time zone of the request time
@@ -92,6 +142,7 @@ class When(Strict):
     argv: ArgvTest | None = None
     arguments: dict[str, ValueTest] = Field(default_factory=dict)
     agent: AgentTest | None = None
+    principal: PrincipalTest | None = None
     time: TimeTest | None = None
 
     def holds(self, document: dict[str, Any], *, restricts: bool = False, notes: list[str] | None = None) -> bool:
@@ -121,6 +172,8 @@ class When(Strict):
             if not (self._arguments_hold(arguments or {}, restricts, scope) if readable else restricts):
                 return False
         if self.agent is not None and not self.agent.holds(document.get("agent") or {}):
+            return False
+        if self.principal is not None and not self.principal.holds(document.get("principal") or {}):
             return False
         if self.time is not None and not self.time.holds(document.get("request") or {}):
             return False
@@ -185,6 +238,12 @@ class Rules:
         if not self.rules:
             return [f"{self.path}: no rules: only yolo and the tiers decide"]
         return [f"{self.path}: {text}" for _, _, text in self.problems(agent)]
+
+    def named_groups(self) -> set[str]:
+        """The groups (and group patterns) the rules test in `principal.groups`: what /metrics counts calls by."""
+        tests = [rule.when.principal.groups for rule in self.rules
+                 if rule.when.principal is not None and rule.when.principal.groups is not None]
+        return {glob for test in tests for glob in (*(test.any or ()), *(test.all or ()), *(test.none or ()))}
 
     def problems(self, agent: Agent) -> list[tuple[str, str, str]]:
         """(code, rule id, what): R001 a rule naming a tool the file does not declare, R002 one testing an

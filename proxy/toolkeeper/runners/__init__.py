@@ -2,17 +2,28 @@
 
 `argv` starts a process (never a shell) in its own process group; `wasm` runs
 a WASI module in wasmtime with memory, time and fuel limits. Runners never
-decide, record, or know the turn.
+decide, record, or know the turn (an MCP server that takes the caller's own
+token is told whom a call acts for: `Caller`, `acting_for`).
 """
 
 from typing import Any
 
 from toolkeeper.runners.argv import ArgvRunner
 from toolkeeper.runners.base import OutputBuffer, Runner, RunResult, declared_environment, tool_environment
-from toolkeeper.runners.mcp import McpConnection, McpRunner, McpServerError, McpServers, McpServerTimeout
+from toolkeeper.runners.mcp import (
+    McpCallerRequired,
+    McpConnection,
+    McpRunner,
+    McpServerError,
+    McpServers,
+    McpServerTimeout,
+)
+from toolkeeper.runners.mcpauth import Caller, acting_for
 
 __all__ = [
     "ArgvRunner",
+    "Caller",
+    "McpCallerRequired",
     "McpConnection",
     "McpRunner",
     "McpServerError",
@@ -22,6 +33,7 @@ __all__ = [
     "RunResult",
     "Runner",
     "WasmRunner",
+    "acting_for",
     "declared_environment",
     "runners_for",
     "shared_wasm_runner",

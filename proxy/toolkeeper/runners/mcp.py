@@ -5,6 +5,8 @@
         a call that fails with the connection (the server died) or outlasts its timeout (it hangs):
         a tool error saying so, the connection dropped (a stdio server's process ended), and the next use starts
         it again
+      a server with `auth: {token_exchange: ...}`: one connection per caller (`for_caller`), each with that
+        caller's exchanged token; a caller without a token of its own reaches none of it (McpCallerRequired)
     McpRunner: a declared tool with `mcp: {server, tool}`, run like any other runner
 
 A connection lives in a task of its own: the SDK's transports are anyio
@@ -18,19 +20,22 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from toolkeeper.common import canonical_json, printable
 from toolkeeper.runners.base import OutputBuffer, RunResult
+from toolkeeper.runners.mcpauth import Caller, ServerTokens, bearer_auth, current_caller, no_caller_token
 from toolkeeper.tools import DeclaredTool, McpServerSpec
 
 log = logging.getLogger("toolkeeper")
 
 CONNECT_TIMEOUT = 30.0  # seconds a server has to start and list its tools
 RETRY_AFTER = 30.0  # seconds a server that failed to start is not started again: its callers are told at once
+CALLERS_KEPT = 64  # per server with token exchange: the callers' connections kept open, the least recent closed
 
 
 class McpServerError(Exception):
@@ -39,6 +44,10 @@ class McpServerError(Exception):
 
 class McpServerTimeout(McpServerError):
     """The server did not answer a call within its timeout."""
+
+
+class McpCallerRequired(McpServerError):
+    """The server takes the caller's own token (exchanged), and the caller presented none: refused, not sent."""
 
 
 @dataclass
@@ -69,9 +78,39 @@ class McpConnection:
     _starting: asyncio.Lock = field(default_factory=asyncio.Lock)
     tools: list[dict[str, Any]] = field(default_factory=list)  # as the server listed them, JSON
     _failed: tuple[float, str] | None = None  # when the last start failed, and why
+    tokens: ServerTokens | None = None  # its `auth:` tokens, shared with its callers' connections
+    caller: Caller | None = None  # whom this connection acts for (token exchange: one connection per caller)
+    _callers: OrderedDict[str, McpConnection] = field(default_factory=OrderedDict)
+
+    def __post_init__(self) -> None:
+        auth = self.spec.auth
+        if auth is not None and self.tokens is None:
+            self.tokens = ServerTokens(self.spec.name, auth.client, exchange=auth.per_caller)
+
+    def for_caller(self, caller: Caller | None) -> McpConnection:
+        """The connection a call for `caller` goes through: this one, unless the server takes each caller's own
+        token; then the caller's (opened on first use), or McpCallerRequired when the caller has no token."""
+        if self.spec.auth is None or not self.spec.auth.per_caller:
+            return self
+        if caller is None or not caller.token:
+            raise McpCallerRequired(no_caller_token(self.spec.name))
+        connection = self._callers.get(caller.key)
+        if connection is None:
+            connection = McpConnection(self.spec, self.directory, tokens=self.tokens, caller=Caller(caller.key))
+            self._callers[caller.key] = connection
+            if len(self._callers) > CALLERS_KEPT:
+                _, oldest = self._callers.popitem(last=False)
+                _in_background(oldest.drop())
+        self._callers.move_to_end(caller.key)
+        if connection.caller.token != caller.token:  # type: ignore[union-attr]
+            connection.caller.token = caller.token  # type: ignore[union-attr]  # the latest: a refreshed one
+            connection._failed = None  # a start its expired token failed is no reason to wait with a fresh one
+        return connection
 
     async def client(self) -> Any:
         """The connected client, started (or started again) when there is none."""
+        if self.spec.auth is not None and self.spec.auth.per_caller and self.caller is None:
+            raise McpCallerRequired(no_caller_token(self.spec.name))
         async with self._starting:
             if self._client is None:
                 if self._failed is not None and time.monotonic() - self._failed[0] < RETRY_AFTER:
@@ -121,8 +160,9 @@ class McpConnection:
                 headers = self.spec.resolved_headers()
             except KeyError as exc:
                 raise McpServerError(str(exc.args[0])) from None
+            auth = bearer_auth(self.tokens, self.caller) if self.tokens is not None else None
             return streamable_http_client(self.spec.url, http_client=httpx2.AsyncClient(
-                headers=headers, timeout=httpx2.Timeout(self.spec.timeout, connect=10.0)))
+                headers=headers, auth=auth, timeout=httpx2.Timeout(self.spec.timeout, connect=10.0)))
         from mcp import StdioServerParameters
         from mcp.client.stdio import stdio_client
 
@@ -166,7 +206,9 @@ class McpConnection:
                          time.monotonic() - started)
 
     async def drop(self) -> None:
-        """The connection ended (a stdio server's process with it)."""
+        """The connection ended (a stdio server's process with it), and its callers' connections with it."""
+        callers, self._callers = list(self._callers.values()), OrderedDict()
+        await asyncio.gather(*(connection.drop() for connection in callers))
         holder, self._holder, self._client = self._holder, None, None
         if holder is None:
             return
@@ -190,6 +232,15 @@ async def _list_all(client: Any) -> list[dict[str, Any]]:
         if cursor is None:
             break
     return tools
+
+
+_BACKGROUND: set[asyncio.Task[Any]] = set()  # held until done: the loop keeps only weak references to tasks
+
+
+def _in_background(work: Coroutine[Any, Any, Any]) -> None:
+    task = asyncio.get_running_loop().create_task(work)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
 
 
 def _connection_lost(exc: BaseException) -> bool:
@@ -238,7 +289,8 @@ class McpRunner:
         stdout, stderr = OutputBuffer(tool.spec.max_output), OutputBuffer(4096)
         started = time.monotonic()
         try:
-            answer = await self.servers.get(target.server).call(target.tool, values, tool.spec.timeout)
+            connection = self.servers.get(target.server).for_caller(current_caller())
+            answer = await connection.call(target.tool, values, tool.spec.timeout)
         except McpServerError as exc:
             timed_out = isinstance(exc, McpServerTimeout)
             return RunResult("timeout" if timed_out else "error", None, stdout, stderr, time.monotonic() - started,

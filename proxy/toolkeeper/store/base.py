@@ -30,15 +30,19 @@ from typing import Any
 
 import orjson
 
+from toolkeeper.store.people import PeopleSessions
 from toolkeeper.store.pins import Pins
 
 log = logging.getLogger("toolkeeper")
 
 LEASE = 5.0  # seconds an unfinished attempt holds its call without renewing
 PURGE_EVERY = 200  # writes
-APPROVAL_FIELDS = "id, agent, tool, args_hash, body, status, approver, reason, updated, granted"
-BODY_FIELDS = ("arguments", "argv", "created", "expires", "why", "rule", "source", "agent_header")
-GRANT_FIELDS = ("id", "agent", "tool", "approver", "created")
+APPROVAL_FIELDS = "id, agent, tool, args_hash, body, status, approver, reason, updated, granted, approver_identity"
+# `principal_user`, `principal_issuer`: the person the call was asked for on behalf of (four eyes: never its
+# approver), and who vouched for them
+BODY_FIELDS = ("arguments", "argv", "created", "expires", "why", "rule", "source", "agent_header", "principal_user",
+               "principal_issuer")
+GRANT_FIELDS = ("id", "agent", "tool", "approver", "created", "approver_identity")
 ID_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: read aloud and typed by people
 
 
@@ -97,7 +101,7 @@ class Tokens:
                                    (self.now(), name)) == 1
 
 
-class SQLStore(Tokens, Pins):
+class SQLStore(Tokens, Pins, PeopleSessions):
     """Every operation, as SQL; the dialects implement `_fetch`, `_execute` and `_atomic`."""
 
     location = ""
@@ -234,16 +238,18 @@ class SQLStore(Tokens, Pins):
             ("DELETE FROM exchanges WHERE body IS NULL AND expires <= ?", (now - 86400,)),
             ("DELETE FROM call_results WHERE expires <= ? AND (answer IS NOT NULL OR lease <= ?)", (now, now)),
             ("DELETE FROM links WHERE expires <= ?", (now - 86400,)),  # a day to be taken
+            ("DELETE FROM console_sessions WHERE expires <= ?", (now,)),
+            ("DELETE FROM console_sign_ins WHERE expires <= ?", (now,)),
         ])
 
     # -- approvals ------------------------------------------------------------------------
 
     async def add_approval(self, approval: dict) -> None:
         body = {key: approval.get(key) for key in BODY_FIELDS}
-        await self._execute(f"INSERT INTO approvals ({APPROVAL_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+        await self._execute(f"INSERT INTO approvals ({APPROVAL_FIELDS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
                             (approval["id"], approval["agent"], approval["tool"], approval["args_hash"],
                              orjson.dumps(body), approval["status"], approval.get("approver"),
-                             approval.get("reason"), approval.get("updated", self.now()), None))
+                             approval.get("reason"), approval.get("updated", self.now()), None, None))
 
     async def get_approval(self, approval_id: str) -> dict | None:
         rows = await self._fetch(f"SELECT {APPROVAL_FIELDS} FROM approvals WHERE id = ?", (approval_id,))  # noqa: S608
@@ -261,12 +267,15 @@ class SQLStore(Tokens, Pins):
         return [_approval(row) for row in rows]
 
     async def settle_approval(self, approval_id: str, status: str, approver: str | None, reason: str | None,
-                              only_from: tuple[str, ...] = ("waiting",), granted: str | None = None) -> bool:
-        """Move an approval on, if it is still in one of `only_from`: True when it moved (and waiters are woken)."""
+                              only_from: tuple[str, ...] = ("waiting",), granted: str | None = None,
+                              identity: dict[str, Any] | None = None) -> bool:
+        """Move an approval on, if it is still in one of `only_from`: True when it moved (and waiters are woken).
+        `identity`: the approver as a person signed in through the provider."""
         moved = await self._execute(
             "UPDATE approvals SET status = ?, approver = COALESCE(?, approver), reason = COALESCE(?, reason), "  # noqa: S608
-            f"granted = COALESCE(?, granted), updated = ? WHERE id = ? AND status IN ({marks(only_from)})",
-            (status, approver, reason, granted, self.now(), approval_id, *only_from)) == 1
+            "granted = COALESCE(?, granted), approver_identity = COALESCE(?, approver_identity), updated = ? "
+            f"WHERE id = ? AND status IN ({marks(only_from)})",
+            (status, approver, reason, granted, _json(identity), self.now(), approval_id, *only_from)) == 1
         if moved:
             self.wake(approval_id)
             with contextlib.suppress(StoreError):  # the others still poll
@@ -293,25 +302,25 @@ class SQLStore(Tokens, Pins):
 
     # -- always grants: one agent, one tool, until revoked --------------------------------
 
-    async def grant(self, agent: str, tool: str, approver: str) -> str:
+    async def grant(self, agent: str, tool: str, approver: str, identity: dict[str, Any] | None = None) -> str:
         grant_id, now = new_id("al_"), self.now()
         await self._atomic([
             ("UPDATE always_grants SET revoked = ? WHERE agent = ? AND tool = ? AND revoked IS NULL",
              (now, agent, tool)),
-            ("INSERT INTO always_grants (id, agent, tool, approver, created) VALUES (?, ?, ?, ?, ?)",
-             (grant_id, agent, tool, approver, now)),
+            ("INSERT INTO always_grants (id, agent, tool, approver, created, approver_identity) "
+             "VALUES (?, ?, ?, ?, ?, ?)", (grant_id, agent, tool, approver, now, _json(identity))),
         ])
         return grant_id
 
     async def grant_for(self, agent: str, tool: str) -> dict | None:
         rows = await self._fetch(f"SELECT {', '.join(GRANT_FIELDS)} FROM always_grants "  # noqa: S608
                                  "WHERE agent = ? AND tool = ? AND revoked IS NULL", (agent, tool))
-        return dict(zip(GRANT_FIELDS, rows[0], strict=True)) if rows else None
+        return _grant(rows[0]) if rows else None
 
     async def grants(self) -> list[dict]:
         rows = await self._fetch(f"SELECT {', '.join(GRANT_FIELDS)} FROM always_grants "  # noqa: S608
                                  "WHERE revoked IS NULL ORDER BY created")
-        return [dict(zip(GRANT_FIELDS, row, strict=True)) for row in rows]
+        return [_grant(row) for row in rows]
 
     async def revoke(self, grant_id: str) -> bool:
         return await self._execute("UPDATE always_grants SET revoked = ? WHERE id = ? AND revoked IS NULL",
@@ -322,9 +331,20 @@ def marks(values: Sequence[Any]) -> str:
     return ",".join("?" * len(values))
 
 
+def _json(value: dict[str, Any] | None) -> bytes | None:
+    return orjson.dumps(value) if value is not None else None
+
+
 def _approval(row: tuple) -> dict:
-    approval_id, agent, tool, args_hash, body, status, approver, reason, updated, granted = row
+    approval_id, agent, tool, args_hash, body, status, approver, reason, updated, granted, identity = row
     shown = orjson.loads(body)
     return {"id": approval_id, "agent": agent, "tool": tool, "args_hash": args_hash, **shown, "status": status,
             "approver": approver, "reason": reason, "updated": updated,
-            "granted": granted or shown.get("granted")}  # before schema 2, in the body
+            "granted": granted or shown.get("granted"),  # before schema 2, in the body
+            "approver_identity": orjson.loads(identity) if identity is not None else None}
+
+
+def _grant(row: tuple) -> dict:
+    grant = dict(zip(GRANT_FIELDS, row, strict=True))
+    identity = grant["approver_identity"]
+    return {**grant, "approver_identity": orjson.loads(identity) if identity is not None else None}

@@ -88,6 +88,27 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             updated {real} NOT NULL,
             PRIMARY KEY (server, tool))""",
     ),
+    # 6: people signed in through the OpenID provider: their console sessions, the sign-ins under way, and the
+    #    identity an approval and an always grant were given with
+    (
+        """CREATE TABLE IF NOT EXISTS console_sessions (
+            key_sha256 TEXT PRIMARY KEY, -- SHA-256 of the session cookie: the cookie itself is never kept
+            issuer TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            person {blob} NOT NULL,     -- name, email, username, groups and roles, as last read from the provider
+            sealed {blob},              -- the refresh and ID tokens, encrypted with a key only the cookie gives
+            created {real} NOT NULL,
+            refreshed {real} NOT NULL,  -- when the groups were last read from the provider
+            refreshing {real},          -- a process reading them again holds this lease
+            expires {real} NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS console_sessions_expires ON console_sessions (expires)",
+        """CREATE TABLE IF NOT EXISTS console_sign_ins (
+            state_sha256 TEXT PRIMARY KEY, -- SHA-256 of the `state` sent to the provider
+            body {blob} NOT NULL,       -- the nonce, the PKCE verifier, the browser's binding, where to go after
+            expires {real} NOT NULL)""",
+        "ALTER TABLE approvals ADD COLUMN approver_identity {blob}",  # who answered, as the provider vouched
+        "ALTER TABLE always_grants ADD COLUMN approver_identity {blob}",
+    ),
 )
 VERSION = len(MIGRATIONS)
 

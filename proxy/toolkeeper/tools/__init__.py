@@ -39,7 +39,7 @@ from toolkeeper.tools.discovery import (
     search_answer,
 )
 from toolkeeper.tools.lint import Finding, lint_agent
-from toolkeeper.tools.mcpservers import PROXIED_PREFIX, McpServerSpec, McpTarget
+from toolkeeper.tools.mcpservers import PROXIED_PREFIX, McpServerSpec, McpTarget, OAuthClient
 from toolkeeper.tools.schemas import mcp_tool, tool_schema
 from toolkeeper.tools.templates import CommandTemplate, RenderError, TemplateError, render_scalar
 
@@ -61,6 +61,7 @@ __all__ = [
     "McpTarget",
     "ModuleCache",
     "MountedDir",
+    "OAuthClient",
     "Parameter",
     "RenderError",
     "TemplateError",

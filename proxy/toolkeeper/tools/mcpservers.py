@@ -6,10 +6,18 @@
       - name: tickets
         url: https://mcp.example.com/mcp
         headers: {Authorization: "Bearer ${TICKETS_TOKEN}"}
+      - name: wiki
+        url: https://wiki.example.com/mcp
+        auth: {token_exchange: {issuer: https://id.example.com, client_id: toolkeeper,
+                                client_secret_env: WIKI_CLIENT_SECRET, resource: https://wiki.example.com/mcp}}
 
 toolkeeper connects to each and serves its tools as `mcp__<server>__<tool>`.
 A secret comes from the environment (`${VAR}` in a header, `env:` names passed
-through to a command), never from the file itself, and is never recorded.
+through to a command, `client_secret_env:`), never from the file itself, and is
+never recorded. A `url:` server that needs OAuth gets a token of its own:
+toolkeeper's (`client_credentials`), or the caller's exchanged for one made for
+that server (`token_exchange`, RFC 8693); the caller's token itself is never
+sent on.
 """
 
 from __future__ import annotations
@@ -32,6 +40,63 @@ PROXIED_PREFIX = "mcp__"
 PROXIED_NAMES = f"names starting {PROXIED_PREFIX} are MCP servers' tools, {PROXIED_PREFIX}<server>__<tool>"
 
 
+class OAuthClient(Strict):
+    """How toolkeeper gets a token for one server: its client at an authorization server, and whom the token is
+    for (`resource`, RFC 8707, and/or `audience`, as the server names itself)."""
+
+    token_url: str | None = None
+    issuer: str | None = None  # its discovery document names the token endpoint
+    client_id: str = Field(min_length=1)
+    client_secret_env: str | None = None  # the variable holding the secret; none: a public client
+    scope: str | None = None
+    resource: str | None = None
+    audience: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> OAuthClient:
+        if (self.token_url is None) == (self.issuer is None):
+            raise ValueError("give either `token_url:` (the token endpoint) or `issuer:` (its discovery document "
+                             "names the token endpoint)")
+        for name in ("token_url", "issuer", "resource"):
+            value = getattr(self, name)
+            if value is not None and not re.match(r"^https?://[^/\s@]+", value):
+                raise ValueError(f"`{name}:` must be an http:// or https:// address, without user:password@")
+        if self.client_secret_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.client_secret_env):
+            raise ValueError("`client_secret_env:` is the name of a variable (the secret itself never goes in "
+                             "the file)")
+        return self
+
+    def secret(self) -> str | None:
+        """The client secret from the environment; KeyError naming the variable when it is not set."""
+        return None if self.client_secret_env is None else _variable(self.client_secret_env, "client_secret_env")
+
+
+class McpServerAuth(Strict):
+    """`auth:` of a `url:` server: exactly one way to get its token."""
+
+    client_credentials: OAuthClient | None = None  # toolkeeper's own token, the same for every caller
+    token_exchange: OAuthClient | None = None  # each caller's token exchanged for one made for this server
+
+    @model_validator(mode="after")
+    def _one_way(self) -> McpServerAuth:
+        if (self.client_credentials is None) == (self.token_exchange is None):
+            raise ValueError("give one of `client_credentials:` (toolkeeper's own token for this server) or "
+                             "`token_exchange:` (the caller's token exchanged for one for this server)")
+        if self.token_exchange is not None and not (self.token_exchange.resource or self.token_exchange.audience):
+            raise ValueError("`token_exchange:` needs `resource:` or `audience:`: the exchanged token must be made "
+                             "for this server, and for it alone")
+        return self
+
+    @property
+    def client(self) -> OAuthClient:
+        return self.client_credentials or self.token_exchange  # type: ignore[return-value]
+
+    @property
+    def per_caller(self) -> bool:
+        """Whether each caller gets a token (and a connection) of its own."""
+        return self.token_exchange is not None
+
+
 class McpServerSpec(Strict):
     """One `mcp_servers:` entry: a command (stdio) or a URL (Streamable HTTP)."""
 
@@ -43,6 +108,7 @@ class McpServerSpec(Strict):
     workdir: str | None = None
     timeout: float = Field(default=60, gt=0, le=24 * 3600)  # seconds a call may take before it is abandoned
     tier: Literal["gated", "silent"] = "gated"  # as a declared tool's: gated calls ask unless yolo or a rule allows
+    auth: McpServerAuth | None = None  # OAuth: a token fetched for this server (url: servers only)
 
     @field_validator("name")
     @classmethod
@@ -63,8 +129,10 @@ class McpServerSpec(Strict):
             raise ValueError("`command:` needs the program, then its arguments")
         if self.url is not None and not re.match(r"^https?://[^/\s@]+", self.url):
             raise ValueError("`url:` must be an http:// or https:// address, without user:password@")
-        if self.url is None and self.headers:
-            raise ValueError("`headers:` apply to a `url:` server")
+        if self.url is None and (self.headers or self.auth is not None):
+            raise ValueError("`headers:` and `auth:` apply to a `url:` server")
+        if self.auth is not None and any(name.lower() == "authorization" for name in self.headers):
+            raise ValueError("`auth:` sets the Authorization header: give it, or an Authorization header, not both")
         if self.url is not None and (self.env or self.workdir is not None):
             # refused, not ignored: a reader would believe the server gets them
             raise ValueError("`env:` and `workdir:` apply to a `command:` server; a `url:` server runs elsewhere")

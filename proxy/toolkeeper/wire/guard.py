@@ -14,23 +14,45 @@
   SHA-256 of their keys (`agents:` in the agent file, or `--agent-keys`); a
   request without a known key is a 401 in the OpenAI error shape, and the
   agent's name becomes the record's `agent`.
+- **Agent tokens.** With `auth.agents.jwt`, an agent may present a JWT from
+  that issuer instead (as its API key): checked (identity/tokens.py), it names
+  the agent and the user the call is for. A bad or expired token is a 401, an
+  issuer that cannot be reached a 503, each in the API's own error shape. The
+  token goes no further: the header that carried it is not forwarded (a model
+  server could replay it here as the user), and a token whose agent claim is a
+  listed agent's name is refused (it would pass for that key's holder).
+- **Identity header.** `--identity-header` is believed only from a trusted
+  peer (`--trusted-proxy`, loopback by default), and only once; otherwise the
+  request is refused, intercepted ones too.
+
+Who called, as the engine sees it, is the request's `PRINCIPAL`.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
-from toolkeeper.common import is_loopback, sha256_hex
+from toolkeeper.common import is_loopback, printable, sha256_hex
+from toolkeeper.identity import Identity, IdentityError, IssuerUnavailable, Principal, TokenRefused, looks_like_jwt
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
 from toolkeeper.wire.errors import shape_of
 from toolkeeper.wire.upstream import ROUTED
 
+log = logging.getLogger("toolkeeper")
+
 AGENT_NAME = web.RequestKey("agent_name", str)
+PRINCIPAL = web.RequestKey("principal", Principal)  # who the request is for, once a key, a token or a header said
+# The JWT an agent presented, once checked: an MCP server with `token_exchange` gets one of its own made from it
+# (never this one); kept with the request only, never logged or recorded.
+SUBJECT_TOKEN = web.RequestKey("subject_token", str)
 # Paths that are not the agent API: no agent key (the admin API has its own token), probes for orchestrators.
-OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
+# /mcp's resource metadata (RFC 9728) is open too: an MCP client reads it to find where to get a token.
+OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/.well-known/oauth-protected-resource",
+              "/.well-known/oauth-protected-resource/mcp")
 
 
 def is_json(content_type: str) -> bool:
@@ -92,11 +114,21 @@ def presented_key(headers: Mapping[str, str]) -> str:
 
 
 class AgentKeys:
-    """The agents toolkeeper knows, by the SHA-256 of their keys; `required`: a request must present one."""
+    """The agents toolkeeper knows: by the SHA-256 of their keys, or by a JWT from the configured issuer;
+    `required`: a request must present one."""
 
-    def __init__(self, keys: Mapping[str, str], *, required: bool):
+    def __init__(self, keys: Mapping[str, str], *, required: bool, identity: Identity | None = None,
+                 identity_header: str | None = None):
         self.keys = {digest.lower(): name for digest, name in keys.items()}
-        self.required = required or bool(keys)
+        self.identity = identity
+        self.tokens = identity.agents if identity is not None else None
+        self.identity_header = identity_header
+        self.required = required or bool(keys) or self.tokens is not None
+
+    @property
+    def checks(self) -> bool:
+        """Whether any request needs this guard: a credential required, or an identity header to vet."""
+        return self.required or self.identity_header is not None
 
     def name_of(self, key: str) -> str | None:
         digest = sha256_hex(key.encode())
@@ -105,17 +137,92 @@ class AgentKeys:
                 return name
         return None
 
+    async def identify(self, request: web.Request, *, required: bool | None = None) -> Principal | str | None:
+        """Who the request is for (a Principal), None when it need not say, or why it is refused (a text, with
+        `request["refusal_status"]`). A listed key wins over reading it as a token. `required`: whether this door
+        needs a credential, when it is not the model API's rule."""
+        required = self.required if required is None else required
+        refused = self.header_refusal(request)
+        if refused is not None:
+            request["refusal_status"] = 403
+            return refused
+        header = (self.identity_header and request.headers.get(self.identity_header, "").strip()) or None
+        key = presented_key(request.headers)
+        name = self.name_of(key) if key and self.keys else None
+        principal: Principal | None = None
+        if name is not None:
+            principal = Principal(agent=name, user=header)
+        elif key and self.tokens is not None and looks_like_jwt(key):
+            try:
+                principal = self.not_a_listed_name(await self.tokens.principal(key))
+                request[SUBJECT_TOKEN] = key
+            except IdentityError as exc:
+                request["refusal_status"] = 503 if isinstance(exc, IssuerUnavailable) else 401
+                log.warning("an agent's token was refused: %s", exc)
+                return f"toolkeeper refused the agent's token: {exc}"
+        if principal is None and required:
+            request["refusal_status"] = 401
+            return ("toolkeeper does not know this agent's key: ask its operator to list the key's SHA-256 under "
+                    "`agents:`" + (", or present a token from its issuer" if self.tokens else ""))
+        if principal is None and header:
+            principal = Principal(agent="", user=header)
+        return principal
+
+    def header_refusal(self, request: web.Request) -> str | None:
+        """Why the identity header refuses the request: sent by a peer that is not a trusted proxy, or sent twice
+        (a proxy that appends its own would leave the client's first); None when it may be read."""
+        if not self.identity_header:
+            return None
+        values = request.headers.getall(self.identity_header, [])
+        if not values:
+            return None
+        if self.identity is None or not self.identity.trusted.believes(request.remote):
+            return (f"the identity header {self.identity_header} is only believed from a trusted proxy "
+                    f"(--trusted-proxy), not from {printable(request.remote or 'this peer')}")
+        if len(values) > 1:
+            return f"the identity header {self.identity_header} is sent {len(values)} times: once, or not at all"
+        return None
+
+    def not_a_listed_name(self, principal: Principal) -> Principal:
+        """A token's principal, unless its agent claim names an agent listed with a key: a rule or a record that
+        says `desk` means the holder of desk's key, not any client the provider let take that name."""
+        if principal.agent in self.keys.values():
+            raise TokenRefused(f"the token names the agent {printable(principal.agent)!r}, which is listed under "
+                               "`agents:` with a key: a token cannot pass for a listed agent")
+        return principal
+
     @web.middleware
     async def middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        if not self.required or request.path in OPEN_PATHS or request.path.startswith(ADMIN_PREFIX + "/"):
+        if not self.checks or request.path.startswith(ADMIN_PREFIX + "/"):
+            return await handler(request)
+        if request.path in OPEN_PATHS and request.method in ("GET", "HEAD"):  # a POST there falls to the catch-all
             return await handler(request)
         if ROUTED in request:  # intercepted: it goes to its own server with its own key, never toolkeeper's
+            refused = self.header_refusal(request)  # the header it carries is read as `agent.header` all the same
+            if refused is not None:
+                return shape_of(request.path).refusal(403, refused, "identity_header_untrusted")
             return await handler(request)
-        key = presented_key(request.headers)
-        name = self.name_of(key) if key else None
-        if name is None:
-            return shape_of(request.path).refusal(401, "toolkeeper does not know this agent's key: ask its "
-                                                       "operator to list the key's SHA-256 under `agents:`",
-                                                  "invalid_api_key")
-        request[AGENT_NAME] = name
+        if request.path == "/mcp" and self.identity is not None and self.identity.mcp is not None:
+            return await handler(request)  # an OAuth protected resource: its door checks its own tokens
+        who = await self.identify(request)
+        if isinstance(who, str):
+            status = request.get("refusal_status", 401)
+            code = {401: "invalid_api_key", 403: "identity_header_untrusted"}.get(status, "identity_unavailable")
+            return shape_of(request.path).refusal(status, who, code)
+        if who is not None:
+            request[PRINCIPAL] = who
+            if who.agent:
+                request[AGENT_NAME] = who.agent
+        if SUBJECT_TOKEN in request:  # the agent's JWT is toolkeeper's to check, never the model server's to see
+            request = without_token(request, request[SUBJECT_TOKEN])
         return await handler(request)
+
+
+def without_token(request: web.Request, token: str) -> web.Request:
+    """The request as the doors forward it: without the header that carried the agent's token (an agent that
+    also holds a key of the model server's sends it in another key header, which goes on)."""
+    headers = request.headers.copy()
+    for name in ("Authorization", "x-api-key", "api-key"):
+        if any(token in value for value in headers.getall(name, [])):
+            del headers[name]
+    return request.clone(headers=headers)

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from toolkeeper.common import digest, is_loopback, printable
 from toolkeeper.engine import HookCalls, ToolCall, TurnContext
-from toolkeeper.wire.guard import AgentKeys, presented_key
+from toolkeeper.wire.guard import AgentKeys
 from toolkeeper.wire.hooks import HOOK_AGENTS, HOOK_AGENTS_THAT_ASK, HookFormatError, read_event
 
 PATH = "/toolkeeper/hooks"
@@ -36,7 +36,10 @@ class HooksEndpoint:
         self.open = not keys.keys and is_loopback(host)  # no keys listed: this machine's agents only
 
     async def handle(self, request: web.Request) -> web.Response:
-        agent = self._agent(request)
+        who = await self.keys.identify(request, required=not self.open)
+        if isinstance(who, str):  # a token refused, an identity header from an untrusted peer
+            return _refusal(request.get("refusal_status", 401), who)
+        agent = who.agent if who is not None and who.agent else ("hook" if self.open else None)
         if agent is None:
             return _refusal(401, "toolkeeper does not know this agent's key: set TOOLKEEPER_AGENT_KEY to a key "
                                  "whose SHA-256 is listed under `agents:`")
@@ -48,21 +51,19 @@ class HooksEndpoint:
             event = read_event(kind, body.get("event"))
         except (orjson.JSONDecodeError, HookFormatError) as exc:
             return _refusal(400, f"not a hook event toolkeeper can read: {printable(str(exc))}")
+        # a call's pre and post events pair within one tenant: the agent's, and the user's (a token names the agent
+        # by its client, which every user of that client shares: one user must not complete another's call)
+        whose = (who.issuer or "", who.user) if who is not None and who.user else ()
         turn = TurnContext(request_id=secrets.token_hex(8), agent=agent, api="hook", workdir=event.cwd,
-                           tenant=digest(agent, kind, event.session),
-                           agent_header=request.headers.get(self.identity_header) if self.identity_header else None)
+                           tenant=digest(agent, kind, event.session, *whose),
+                           agent_header=request.headers.get(self.identity_header) if self.identity_header else None,
+                           principal=who.document() if who is not None else None)
         if event.phase == "post":
             recorded = await self.calls.after(turn, event.call_id, event.result, event.error)
             return web.json_response({"decision": "allow", "reason": "recorded" if recorded else "no call waited"})
         decided = await self.calls.before(turn, ToolCall(event.call_id, event.tool, event.arguments),
                                           agent_asks=kind in HOOK_AGENTS_THAT_ASK)
         return web.json_response({"decision": decided.effect, "reason": decided.reason})
-
-    def _agent(self, request: web.Request) -> str | None:
-        key = presented_key(request.headers)
-        name = self.keys.name_of(key) if key else None
-        return name or ("hook" if self.open else None)
-
 
 def _refusal(status: int, message: str) -> web.Response:
     body: dict[str, Any] = {"error": message}

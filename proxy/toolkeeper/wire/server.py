@@ -22,12 +22,13 @@ from aiohttp import web
 
 from toolkeeper.common import dumps
 from toolkeeper.engine import Engine, HookCalls
+from toolkeeper.identity import Identity
 from toolkeeper.metrics import Metrics
 from toolkeeper.settings import Settings
 from toolkeeper.store import Store, StoreError
 from toolkeeper.tracing import Tracing
 from toolkeeper.wire.admin import PREFIX as ADMIN_PREFIX
-from toolkeeper.wire.apis import ChatCompletions, MessagesAPI, ResponsesAPI, count_tokens_body, credentials_hash
+from toolkeeper.wire.apis import ChatCompletions, MessagesAPI, ResponsesAPI, count_tokens_body, response_not_found
 from toolkeeper.wire.endpoints import Endpoints, legacy_completion
 from toolkeeper.wire.errors import OPENAI, UpstreamError, shape_of, store_unavailable, unreachable
 from toolkeeper.wire.guard import OPEN_PATHS, AgentKeys, OriginGuard
@@ -35,8 +36,8 @@ from toolkeeper.wire.hooks_api import PATH as HOOKS_PATH
 from toolkeeper.wire.hooks_api import HooksEndpoint
 from toolkeeper.wire.intercept import HEADER as INTERCEPT_HEADER
 from toolkeeper.wire.intercept import InterceptedUpstream
+from toolkeeper.wire.mcp import METADATA_PATHS, McpEndpoint, ProtectedResource
 from toolkeeper.wire.mcp import PATH as MCP_PATH
-from toolkeeper.wire.mcp import McpEndpoint
 from toolkeeper.wire.upstream import HOP_BY_HOP, OWN_COOKIE, UPSTREAM_KEY, Upstream, forward_headers, upstream_for
 
 log = logging.getLogger("toolkeeper")
@@ -49,16 +50,34 @@ class Doors:
     hook_calls: HookCalls | None = None
     host: str = "127.0.0.1"
 
-    def add_routes(self, app: web.Application, keys: AgentKeys, identity_header: str | None = None) -> None:
-        """`identity_header`: serve's --identity-header, read at these doors as on the model APIs (`agent.header`)."""
+    def add_routes(self, app: web.Application, keys: AgentKeys, identity_header: str | None = None,
+                   mcp_scopes: tuple[str, ...] = ()) -> None:
+        """`identity_header`: serve's --identity-header, read at these doors as on the model APIs (`agent.header`);
+        `mcp_scopes`: those /mcp's access tokens must hold, when it is an OAuth protected resource (`auth.mcp`)."""
+        identity = keys.identity
+        resource = ProtectedResource(identity, mcp_scopes, keys) \
+            if self.mcp_server is not None and identity is not None and identity.mcp is not None else None
+        # answered here whatever the settings: an open path must never fall through to the model server
+        for path in METADATA_PATHS:
+            app.router.add_route("*", path, partial(resource_metadata, resource))
         if self.mcp_server is not None:
             endpoint = McpEndpoint(self.mcp_server, keys_required=keys.required, host=self.host,
-                                   identity_header=identity_header)
+                                   identity_header=identity_header, resource=resource)
             app.cleanup_ctx.append(endpoint.lifetime)
             app.router.add_route("*", MCP_PATH, endpoint.handle)
         if self.hook_calls is not None:
             hooks = HooksEndpoint(self.hook_calls, keys, self.host, identity_header=identity_header)
             app.router.add_post(HOOKS_PATH, hooks.handle)
+
+
+async def resource_metadata(resource: ProtectedResource | None, request: web.Request) -> web.StreamResponse:
+    """/mcp's resource metadata (RFC 9728): where its access tokens come from; 404 when /mcp takes none."""
+    if request.method not in ("GET", "HEAD"):
+        return web.json_response({"error": "method_not_allowed"}, status=405, headers={"Allow": "GET, HEAD"})
+    if resource is None:
+        return web.json_response({"error": "not_found", "error_description": "/mcp is not an OAuth protected "
+                                  "resource here (no auth.mcp.issuer)"}, status=404)
+    return await resource.metadata(request)
 
 
 CHAT_KEY = web.AppKey("chat", ChatCompletions)
@@ -79,7 +98,8 @@ Check = Callable[[], Awaitable[object]]
 
 def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key: str | None, metrics: Metrics,
               admin: web.Application, checks: dict[str, Check], agent_keys: dict[str, str],
-              store: Store, doors: Doors | None = None, tracing: Tracing | None = None) -> web.Application:
+              store: Store, doors: Doors | None = None, tracing: Tracing | None = None,
+              identity: Identity | None = None) -> web.Application:
     origins = OriginGuard(settings.allow_origin)
     endpoints = Endpoints(settings.pass_ungoverned, metrics)
 
@@ -89,7 +109,8 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
     intercepted = InterceptedUpstream(settings.intercept_secret, settings.intercept_upstreams,
                                       own=(*OPEN_PATHS, ADMIN_PREFIX), elsewhere=elsewhere)
     # toolkeeper holding the upstream key means agents must prove who they are
-    keys = AgentKeys(agent_keys, required=api_key is not None)
+    keys = AgentKeys(agent_keys, required=api_key is not None, identity=identity,
+                     identity_header=settings.identity_header)
     app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[guards(origins, intercepted, keys)])
     app.on_response_prepare.append(origins.on_prepare)
     probes = Probes(engine, metrics, checks)
@@ -121,8 +142,7 @@ def proxy_app(engine: Engine, settings: Settings, *, upstream_url: str, api_key:
     app.router.add_get("/healthz", probes.healthz)
     app.router.add_get("/metrics", probes.metrics_page)
     app.router.add_get("/readyz", probes.readyz)
-    if doors is not None:
-        doors.add_routes(app, keys, settings.identity_header)
+    (doors or Doors()).add_routes(app, keys, settings.identity_header, settings.auth_mcp_scopes)
     app.add_subapp(ADMIN_PREFIX, admin)
     app.router.add_route("*", "/{tail:.*}", elsewhere)
     return app
@@ -135,7 +155,7 @@ def guards(origins: OriginGuard, intercepted: InterceptedUpstream, keys: AgentKe
     @web.middleware
     async def guarded(request: web.Request, handler: Callable) -> web.StreamResponse:
         headers = request.headers
-        if not keys.required and "Origin" not in headers and INTERCEPT_HEADER not in headers:
+        if not keys.checks and "Origin" not in headers and INTERCEPT_HEADER not in headers:
             return await handler(request)
         return await origins.middleware(request, partial(intercepted.middleware, handler=partial(
             keys.middleware, handler=handler)))
@@ -171,11 +191,14 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
 async def stored_response(request: web.Request) -> web.StreamResponse:
     """GET /v1/responses/{id}: an id the agent received stands for the last round of its turn, and reads back as
     the agent received it."""
-    tenant = credentials_hash(request.headers)
+    response_id = request.match_info["id"]
     try:
-        upstream_id, shown = await request.app[RESPONSES_KEY].retrieve(tenant, request.match_info["id"])
+        found = await request.app[RESPONSES_KEY].retrieve(request, response_id)
     except StoreError as exc:
         return OPENAI.response(store_unavailable(exc))
+    if found is None:  # not this tenant's, and the model server cannot tell (responses/owners.py)
+        return response_not_found(response_id)
+    upstream_id, shown = found
     if shown is None:
         return await passthrough(request, path=f"/responses/{upstream_id}")
     if request.query.get("stream", "false") != "false":
@@ -253,7 +276,11 @@ async def other_endpoint(request: web.Request, endpoints: Endpoints) -> web.Stre
     verdict = endpoints.verdict(request, parsed if isinstance(parsed, dict) else None)
     if verdict.refusal:
         return shape_of(request.path).refusal(403, verdict.refusal, "ungoverned_endpoint")
-    return await passthrough(request, body=body)
+    try:  # a stored response's other doors (DELETE, input_items, /compact's previous_response_id): its owner's only
+        refused, body = await request.app[RESPONSES_KEY].refused_elsewhere(request, body)
+    except StoreError as exc:
+        return OPENAI.response(store_unavailable(exc))
+    return refused or await passthrough(request, body=body)
 
 
 async def passthrough(request: web.Request, *, path: str | None = None,

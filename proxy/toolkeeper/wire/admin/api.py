@@ -8,7 +8,8 @@ No /toolkeeper/ request is ever forwarded to the model server: one that no
 route serves (a wrong method, an unknown path, no token configured) is
 answered here, so the admin token can never leave toolkeeper. A script sends
 `Authorization: Bearer $TOOLKEEPER_ADMIN_TOKEN` (or a named token); a person
-signs in to the console once, which opens a browser session (sessions.py).
+signs in to the console once, through the OpenID provider (people.py) or with
+a token (sessions.py), which opens a browser session.
 A request that a session cookie authenticates and that changes anything must
 carry the session's CSRF key and come from toolkeeper's own origin.
 """
@@ -25,9 +26,9 @@ from aiohttp import web
 from toolkeeper.audit import SQLAudit
 from toolkeeper.common import printable
 from toolkeeper.engine import approve_definition, changed_fields, definition_diff
-from toolkeeper.policy import RULE_SOURCES
+from toolkeeper.policy import RULE_SOURCES, four_eyes_refusal
 from toolkeeper.store import Store
-from toolkeeper.wire.admin.guard import MASTER, AdminGuard, json_error
+from toolkeeper.wire.admin.guard import MASTER, AdminGuard, Holder, json_error
 
 log = logging.getLogger("toolkeeper")
 
@@ -78,9 +79,10 @@ def approvals_api(store: Store) -> Callable[[web.Application], None]:
         body = await _json_object(request)
         if isinstance(body, web.Response):
             return body
-        approver = _approver(request, body)
-        status, said = await answer_approval(store, approval_id, approver, verb == "approve",
-                                             always=bool(body.get("always")), reason=str(body.get("reason") or ""))
+        who: Holder = request.get("identity") or MASTER
+        status, said = await answer_approval(store, approval_id, _approver(request, body), verb == "approve",
+                                             always=bool(body.get("always")), reason=str(body.get("reason") or ""),
+                                             identity=who.identity)
         return web.json_response(said, status=status) if status == 200 else json_error(status, said["error"])
 
     async def grants(request: web.Request) -> web.Response:
@@ -139,23 +141,28 @@ def _what_changed(pin: dict) -> dict:
 
 
 async def answer_approval(store: Store, approval_id: str, approver: str, approve: bool, *, always: bool = False,
-                          reason: str = "") -> tuple[int, dict]:
-    """Approve (once, or always: the agent may use the tool from now on) or deny a waiting call, as `approver`:
-    (200, the approval) or (404 or 409, {"error": why})."""
+                          reason: str = "", identity: dict | None = None) -> tuple[int, dict]:
+    """Approve (once, or always: the agent may use the tool from now on) or deny a waiting call, as `approver`
+    (`identity`: as a person the provider vouched for): (200, the approval) or (403 when the call was asked for
+    on the approver's own behalf, 404 or 409, {"error": why})."""
     approval = await store.get_approval(approval_id)
     if approval is None:
         return 404, {"error": f"no approval {approval_id}"}
     note = ""
     if approve:
+        if approval["status"] == "waiting" and (own := four_eyes_refusal(approval, approver, identity)):
+            log.warning("approval %s refused: %s", approval_id, printable(own))
+            return 403, {"error": own}
         if always and approval.get("source") in RULE_SOURCES:
             always, note = False, "approved once: a security rule asked, and an always answer cannot lift it"
         moved = await store.settle_approval(approval_id, "approved", approver, None,
-                                            granted="pending" if always else None)
+                                            granted="pending" if always else None, identity=identity)
         if moved and always:
-            grant = await store.grant(approval["agent"], approval["tool"], approver)
+            grant = await store.grant(approval["agent"], approval["tool"], approver, identity)
             await store.settle_approval(approval_id, "approved", None, None, only_from=("approved",), granted=grant)
     else:
-        moved = await store.settle_approval(approval_id, "denied", approver, reason or "denied by " + approver)
+        moved = await store.settle_approval(approval_id, "denied", approver, reason or "denied by " + approver,
+                                            identity=identity)
     if not moved:
         return 409, {"error": f"{approval_id} is {approval['status']}, not waiting"}
     log.info("approval %s: %s by %s", approval_id, "approved" if approve else "denied", printable(approver))
@@ -163,9 +170,10 @@ async def answer_approval(store: Store, approval_id: str, approver: str, approve
 
 
 def _approver(request: web.Request, body: dict) -> str:
-    """A named token records its own name, whatever its role; the admin token, whom the caller says (--as)."""
-    who = request.get("identity") or MASTER
-    return str(body.get("approver") or "admin") if who == MASTER else who[0]
+    """A named token records its own name, whatever its role, and a person their email (else username); the admin
+    token, whom the caller says (--as)."""
+    who: Holder = request.get("identity") or MASTER
+    return str(body.get("approver") or "admin") if who.master else who.approver
 
 
 async def _json_object(request: web.Request) -> dict | web.Response:

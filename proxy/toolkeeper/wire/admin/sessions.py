@@ -44,12 +44,51 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-class Sessions:
+class Attempts:
+    """Attempts per client address in a sliding window: past `most` in `window` seconds, the address waits."""
+
+    def __init__(self, most: int = MAX_FAILURES, window: float = FAILURE_WINDOW):
+        self.most = most
+        self.window = window
+        self.failures: dict[str, deque[float]] = {}
+
+    def refused_for(self, address: str) -> float:
+        """Seconds `address` must wait before it may try to sign in again (0: it may)."""
+        now = time.monotonic()
+        failures = self.failures.get(address)
+        while failures and failures[0] < now - self.window:
+            failures.popleft()
+        if not failures:
+            self.failures.pop(address, None)
+            return 0.0
+        return failures[0] + self.window - now if len(failures) >= self.most else 0.0
+
+    def attempt(self, address: str) -> float:
+        """Count a sign-in attempt before its token is looked up (so parallel guesses all count): the seconds
+        `address` must wait first, 0 when it may try. `succeeded` takes a good one back."""
+        wait = self.refused_for(address)
+        if wait:
+            return wait
+        if address not in self.failures and len(self.failures) >= 10_000:  # the least recent go, not everyone
+            for stale in list(self.failures)[:1000]:
+                del self.failures[stale]
+        failures = self.failures.pop(address, deque())
+        failures.append(time.monotonic())
+        self.failures[address] = failures  # last in the dict's order: the most recent
+        return 0.0
+
+    def succeeded(self, address: str) -> None:
+        failures = self.failures.get(address)
+        if failures:
+            failures.pop()
+
+
+class Sessions(Attempts):
     def __init__(self, admin_token: str, store: Store | None):
+        super().__init__()
         self.admin_token = admin_token
         self.store = store
         self.key = hmac.new(admin_token.encode(), b"toolkeeper console sessions", hashlib.sha256).digest()
-        self.failures: dict[str, deque[float]] = {}
 
     def _sign(self, payload: str) -> str:
         return _b64(hmac.new(self.key, payload.encode("utf-8", "surrogateescape"), hashlib.sha256).digest())
@@ -90,33 +129,3 @@ class Sessions:
 
     def csrf_holds(self, cookie: str, given: str) -> bool:
         return bool(cookie) and same(given, self.csrf(cookie))
-
-    def refused_for(self, address: str) -> float:
-        """Seconds `address` must wait before it may try to sign in again (0: it may)."""
-        now = time.monotonic()
-        failures = self.failures.get(address)
-        while failures and failures[0] < now - FAILURE_WINDOW:
-            failures.popleft()
-        if not failures:
-            self.failures.pop(address, None)
-            return 0.0
-        return failures[0] + FAILURE_WINDOW - now if len(failures) >= MAX_FAILURES else 0.0
-
-    def attempt(self, address: str) -> float:
-        """Count a sign-in attempt before its token is looked up (so parallel guesses all count): the seconds
-        `address` must wait first, 0 when it may try. `succeeded` takes a good one back."""
-        wait = self.refused_for(address)
-        if wait:
-            return wait
-        if address not in self.failures and len(self.failures) >= 10_000:  # the least recent go, not everyone
-            for stale in list(self.failures)[:1000]:
-                del self.failures[stale]
-        failures = self.failures.pop(address, deque())
-        failures.append(time.monotonic())
-        self.failures[address] = failures  # last in the dict's order: the most recent
-        return 0.0
-
-    def succeeded(self, address: str) -> None:
-        failures = self.failures.get(address)
-        if failures:
-            failures.pop()

@@ -9,7 +9,7 @@
 from toolkeeper.wire.apis.base import AgentAPI, credentials_hash
 from toolkeeper.wire.apis.chat import ChatCompletions
 from toolkeeper.wire.apis.messages import MessagesAPI, anthropic_tool, count_tokens_body
-from toolkeeper.wire.apis.responses import ResponsesAPI, flat_tool
+from toolkeeper.wire.apis.responses import ResponsesAPI, flat_tool, response_not_found
 
 __all__ = [
     "AgentAPI",
@@ -20,4 +20,5 @@ __all__ = [
     "count_tokens_body",
     "credentials_hash",
     "flat_tool",
+    "response_not_found",
 ]

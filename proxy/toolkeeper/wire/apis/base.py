@@ -29,15 +29,16 @@ from toolkeeper.metrics import Metrics
 from toolkeeper.store import StoreError
 from toolkeeper.tracing import RequestTrace, Tracing
 from toolkeeper.wire.errors import OPENAI, ErrorShape, UpstreamError, store_unavailable
-from toolkeeper.wire.guard import AGENT_NAME, is_json
+from toolkeeper.wire.guard import AGENT_NAME, PRINCIPAL, SUBJECT_TOKEN, is_json
 from toolkeeper.wire.upstream import Upstream
 
 log = logging.getLogger("toolkeeper")
 
 KEEPALIVE = b": keep-alive\n\n"
-# A whole turn's answer, from its result and what each round relayed; what an adapter keeps of it (the ids given).
+# A whole turn's answer, from its result and what each round relayed; what an adapter keeps of it (the ids given;
+# None: the model server's answer went back as it came).
 Whole = Callable[[TurnResult, list[tuple[Any, ...]]], dict[str, Any]]
-Keep = Callable[[TurnResult, dict[str, Any]], Awaitable[None]]
+Keep = Callable[[TurnResult, dict[str, Any] | None], Awaitable[None]]
 # The model server's failure that ended this request's turn (its status, or ours: 502 unreachable, 504 timeout),
 # for the metrics; one per request, as each request is its own task.
 UPSTREAM_FAILURE: ContextVar[int | None] = ContextVar("upstream_failure", default=None)
@@ -76,8 +77,15 @@ def first_problem(entries: Any, check: Callable[[dict[str, Any]], str | None], l
     return None
 
 
-def credentials_hash(headers: Any) -> str:
-    """A hash of the agent's credentials: who the agent is, never the key itself."""
+def credentials_hash(request: web.Request) -> str:
+    """Whose stored history a request reads: a hash of the agent's credentials, never the key itself; for an
+    agent whose token a provider signed, of who the token names (an access token is replaced every few minutes,
+    and a conversation must outlive it)."""
+    principal = request.get(PRINCIPAL)
+    if principal is not None and principal.issuer is not None:
+        # as JSON: the claims are the provider's strings, which may hold any character (a NUL too)
+        return _tenant("token\x00" + orjson.dumps([principal.issuer, principal.agent, principal.user]).decode())
+    headers = request.headers
     return _tenant(headers.get("Authorization") or headers.get("api-key") or headers.get("x-api-key") or "")
 
 
@@ -178,6 +186,8 @@ class AgentAPI:
         if result is None:
             raise RuntimeError("the engine ended a turn without a result")
         if result.passthrough:
+            if keep is not None:  # the id in those bytes may need keeping too (whose it is: responses/owners.py)
+                await keep(result, None)
             return web.Response(body=result.last.raw, content_type="application/json")
         answered = answer(result, relayed)
         if keep is not None:
@@ -200,13 +210,15 @@ class AgentAPI:
         return kept
 
     def context(self, request: web.Request, raw: bytes) -> TurnContext:
-        tenant = credentials_hash(request.headers)
+        tenant = credentials_hash(request)
         return TurnContext(
             request_id=request.headers.get("X-Request-Id") or request_id(),
             agent=request.get(AGENT_NAME) or tenant[:16],
             tenant=tenant,
             request_body=raw,
             agent_header=request.headers.get(self.identity_header) if self.identity_header else None,
+            principal=principal.document() if (principal := request.get(PRINCIPAL)) is not None else None,
+            subject_token=request.get(SUBJECT_TOKEN),  # for an MCP server that exchanges it; never sent on as is
             api=self.api,
             trace=request.get(TRACE),
         )

@@ -1,9 +1,10 @@
 """`/mcp` on serve: MCP's Streamable HTTP transport, the SDK's, served from aiohttp.
 
     POST/GET/DELETE /mcp -> Origin checked (the server's middleware: a page elsewhere is refused, against DNS
-                            rebinding) -> the agent's key (Bearer, as for the model API) -> the session's owner
-                            (owners.py: only the key that opened a session may use it) -> the SDK's session
-                            manager, called as the ASGI app it is
+                            rebinding) -> the agent's key (Bearer, as for the model API), or with `auth.mcp` an
+                            OAuth access token for this resource (oauth.py) -> the session's owner (owners.py:
+                            only the credential that opened a session may use it) -> the SDK's session manager,
+                            called as the ASGI app it is, the principal in its scope
 
 The SDK's manager is an ASGI app; the bridge below hands it the request and
 writes what it sends, streamed (its answers may be SSE). Its task group lives
@@ -24,9 +25,15 @@ from multidict import CIMultiDict
 
 from toolkeeper.common import is_loopback
 from toolkeeper.wire.errors import OPENAI
-from toolkeeper.wire.guard import AGENT_NAME
+from toolkeeper.wire.guard import AGENT_NAME, PRINCIPAL, SUBJECT_TOKEN
+from toolkeeper.wire.mcp.oauth import McpCaller, ProtectedResource
 from toolkeeper.wire.mcp.owners import Credential, SessionOwners
-from toolkeeper.wire.mcp.server import AGENT_HEADER_SCOPE_KEY, AGENT_SCOPE_KEY
+from toolkeeper.wire.mcp.server import (
+    AGENT_HEADER_SCOPE_KEY,
+    AGENT_SCOPE_KEY,
+    PRINCIPAL_SCOPE_KEY,
+    SUBJECT_TOKEN_SCOPE_KEY,
+)
 
 log = logging.getLogger("toolkeeper")
 
@@ -37,7 +44,8 @@ DISCONNECT_GRACE = 5.0  # seconds the SDK has to end a response whose client has
 class McpEndpoint:
     """The `/mcp` route and the lifetime of the SDK's session manager."""
 
-    def __init__(self, server: Any, *, keys_required: bool, host: str, identity_header: str | None = None):
+    def __init__(self, server: Any, *, keys_required: bool, host: str, identity_header: str | None = None,
+                 resource: ProtectedResource | None = None):
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
         self.manager = StreamableHTTPSessionManager(app=server, security_settings=None)
@@ -45,6 +53,7 @@ class McpEndpoint:
         self.keys_required = keys_required or not is_loopback(host)
         self.owners = SessionOwners()  # a session answers only to the credential that opened it
         self.identity_header = identity_header  # serve's --identity-header: `agent.header`, as on the model APIs
+        self.resource = resource  # with `auth.mcp`: every request shows a listed key or an access token for /mcp
 
     async def lifetime(self, app: web.Application) -> AsyncIterator[None]:
         """For `cleanup_ctx`: the manager runs in its own task until the server stops."""
@@ -63,23 +72,40 @@ class McpEndpoint:
             await asyncio.wait_for(holder, 5.0)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        agent = request.get(AGENT_NAME)
-        if agent is None and self.keys_required:
+        caller = await self._caller(request)
+        if isinstance(caller, web.StreamResponse):
+            return caller
+        principal = caller.principal if caller is not None else request.get(PRINCIPAL)
+        agent = (principal.agent or None) if principal is not None else request.get(AGENT_NAME)
+        if agent is None and self.keys_required and caller is None:
             return OPENAI.refusal(401, "/mcp needs an agent key (Authorization: Bearer KEY, a key listed under "
                                        "`agents:`) when toolkeeper listens beyond this machine", "invalid_api_key")
-        credential = Credential.of(request)
+        # a token-borne principal is bound by who it names: its client refreshes the token within the session
+        subject_token = _subject_token(request, caller)
+        credential = Credential.of(request, principal, token=subject_token is not None)
         refused = self.owners.refusal(request, credential)
         if refused is not None:
             return refused
+        state = {AGENT_SCOPE_KEY: agent, AGENT_HEADER_SCOPE_KEY: self._agent_header(request),
+                 PRINCIPAL_SCOPE_KEY: principal, SUBJECT_TOKEN_SCOPE_KEY: subject_token,
+                 "user": credential.as_scope_user()}
         # the owner is noted as the answer starts: the client may use the session it names before the answer ends
-        return await asgi(self.manager.handle_request, request,
-                          {AGENT_SCOPE_KEY: agent, AGENT_HEADER_SCOPE_KEY: self._agent_header(request),
-                           "user": credential.as_scope_user()},
+        return await asgi(self.manager.handle_request, request, state,
                           starting=lambda response: self.owners.note(request, credential, response))
 
+    async def _caller(self, request: web.Request) -> McpCaller | web.StreamResponse | None:
+        """With OAuth at /mcp: who the request is from, or its refusal; None when the guard has said who."""
+        return await self.resource.caller(request) if self.resource is not None else None
 
     def _agent_header(self, request: web.Request) -> str | None:
         return request.headers.get(self.identity_header) if self.identity_header else None
+
+
+def _subject_token(request: web.Request, caller: McpCaller | None) -> str | None:
+    """The caller's own token, to exchange for another server's: /mcp's access token, or a JWT agent's."""
+    if caller is not None:
+        return caller.token
+    return request.get(SUBJECT_TOKEN)
 
 
 def _scope(request: web.Request, state: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,10 @@
 """Who opened each MCP session on `/mcp`: a session answers only to the credential that opened it.
 
+The credential is the agent's key, and the person the calls are for: with
+OAuth at /mcp, the token's issuer, user and client (not the token itself, which
+the client refreshes within a session), so another person's token, however
+valid, cannot use someone's session.
+
 A session id travels in a header (`Mcp-Session-Id`) and is all the SDK needs to
 find a session: without this, another agent holding the id could read the
 session's stream (elicitations carry a call's arguments), answer for it, or end
@@ -23,7 +28,8 @@ from typing import Any
 from aiohttp import web
 
 from toolkeeper.common import printable, sha256_hex
-from toolkeeper.wire.guard import AGENT_NAME, presented_key
+from toolkeeper.identity import Principal
+from toolkeeper.wire.guard import PRINCIPAL, presented_key
 
 log = logging.getLogger("toolkeeper")
 
@@ -35,28 +41,38 @@ NOT_FOUND = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": 
 
 @dataclass(frozen=True)
 class Credential:
-    """What a request to `/mcp` was made with: an agent's key (known by its SHA-256, never kept itself), or no key
-    at all where none is asked for (toolkeeper on loopback with no `agents:` listed: anyone on this machine)."""
+    """What a request to `/mcp` was made with: an agent's key (known by its SHA-256, never kept itself) or an
+    access token (known by who it names), and the user the calls are for; or no key at all where none is asked
+    for (toolkeeper on loopback with no `agents:` listed: anyone on this machine)."""
 
     agent: str
     key_sha256: str = ""
+    issuer: str | None = None
+    user: str | None = None
 
     @classmethod
-    def of(cls, request: web.Request) -> Credential:
-        agent = request.get(AGENT_NAME)
-        if agent is None:
+    def of(cls, request: web.Request, principal: Principal | None = None, *, token: bool = False) -> Credential:
+        """`principal`: who the request is for (the guard's, unless /mcp checked an access token: `token`)."""
+        principal = principal if principal is not None else request.get(PRINCIPAL)
+        if principal is None or not (principal.agent or principal.user):
             return OPEN
-        return cls(agent, sha256_hex(presented_key(request.headers).encode()))
+        key = "" if token else sha256_hex(presented_key(request.headers).encode())
+        return cls(principal.agent, key, principal.issuer, principal.user)
 
     def as_scope_user(self) -> Any:
-        """The same credential as the SDK's session manager reads it (the ASGI scope's `user`)."""
+        """The same credential as the SDK's session manager reads it (the ASGI scope's `user`: its client id,
+        issuer and subject)."""
         from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
         from mcp.server.auth.provider import AccessToken
 
-        return AuthenticatedUser(AccessToken(token="", client_id=f"{self.agent}:{self.key_sha256}", scopes=[]))
+        return AuthenticatedUser(AccessToken(token="", client_id=f"{self.agent}:{self.key_sha256}", scopes=[],
+                                             subject=self.user, claims={"iss": self.issuer} if self.issuer else None))
 
     def __str__(self) -> str:
-        return "a client without a key" if self is OPEN else f"agent {printable(self.agent)!r}"
+        if self is OPEN:
+            return "a client without a key"
+        user = f" for {printable(self.user)!r}" if self.user else ""
+        return f"agent {printable(self.agent)!r}{user}"
 
 
 OPEN = Credential("", "")

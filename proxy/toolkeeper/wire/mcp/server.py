@@ -1,8 +1,9 @@
 """toolkeeper as an MCP server, on the official SDK: `tools/list` and `tools/call` answered by the engine's door.
 
 The same server answers over stdio (`toolkeeper mcp AGENT_FILE`) and
-Streamable HTTP (`/mcp` on serve). Who is calling: the agent key's name over
-HTTP, the client's own name over stdio. Who is asked before a gated call: the
+Streamable HTTP (`/mcp` on serve). Who is calling: the agent key's name (or
+the OAuth client's) over HTTP, with the person its token names, each request's
+own; the client's own name over stdio. Who is asked before a gated call: the
 configured channel (approvals, the terminal), else the client itself through
 MCP elicitation when it declares it, else no one (the call is denied, and says
 why).
@@ -11,6 +12,7 @@ why).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import weakref
 from collections import OrderedDict
@@ -25,6 +27,8 @@ log = logging.getLogger("toolkeeper")
 
 AGENT_SCOPE_KEY = "toolkeeper.agent"  # the ASGI scope's entry naming the agent an HTTP request came from
 AGENT_HEADER_SCOPE_KEY = "toolkeeper.agent_header"  # and the value of its --identity-header, when serve names one
+PRINCIPAL_SCOPE_KEY = "toolkeeper.principal"  # who the request is for (an identity.Principal), when something said
+SUBJECT_TOKEN_SCOPE_KEY = "toolkeeper.subject_token"  # noqa: S105 - the scope entry holding the caller's token
 SESSION_HEADER = "mcp-session-id"  # Streamable HTTP's session, once the client initialised one
 CLIENTS_KEPT = 4096  # the clients whose searches are remembered, the least recent forgotten first
 INSTRUCTIONS = ("Tools served by toolkeeper: each call is checked against its declaration and the security team's "
@@ -75,7 +79,7 @@ def build_server(door: McpDoor, configured: Consent, version: str = "", tracing:
             found_by_client.move_to_end(client)
             if len(found_by_client) > CLIENTS_KEPT:
                 found_by_client.popitem(last=False)
-        return session
+        return _this_request(ctx, session)
 
     async def list_tools(ctx: Any, params: Any) -> Any:
         tools = await door.list_tools(session_of(ctx))
@@ -121,6 +125,15 @@ def _client_key(ctx: Any, session: McpSession) -> tuple[str, ...]:
         return ("stdio",)
     headers = getattr(request, "headers", None) or {}
     return ("http", session.agent, headers.get(SESSION_HEADER) or "")
+
+
+def _this_request(ctx: Any, session: McpSession) -> McpSession:
+    """The session as this request sees it: its principal and token (a client refreshes its token within a
+    session; the session's owner check holds the person the same). Its searches' findings are shared."""
+    scope = getattr(getattr(ctx, "request", None), "scope", None) or {}
+    principal = scope.get(PRINCIPAL_SCOPE_KEY)
+    document = principal.document() if principal is not None else None
+    return dataclasses.replace(session, principal=document, subject_token=scope.get(SUBJECT_TOKEN_SCOPE_KEY))
 
 
 def _new_session(ctx: Any, configured: Consent, types: Any) -> McpSession:

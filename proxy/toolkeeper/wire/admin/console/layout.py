@@ -46,6 +46,7 @@ dl { display: grid; grid-template-columns: max-content 1fr; gap: .3em 1.2em; } d
 .approval { border: 1px solid #c9d1d9; border-radius: 6px; padding: .8em 1.2em; margin: 1em 0; }
 .approval .actions { display: flex; gap: .8em; align-items: end; flex-wrap: wrap; }
 .approval .actions form { display: flex; gap: .5em; align-items: end; margin: 0; }
+a.button { display: inline-block; padding: .5em 1.2em; border-radius: 6px; background: #1f6feb; color: #fff; }
 .notice { background: #ddf4ff; padding: .5em 1em; border-radius: 6px; } .refused { color: #cf222e; }
 .paging { display: flex; gap: 1.5em; margin: 1em 0; } small { color: #57606a; }
 .charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(460px, 1fr)); gap: 1.5em; }
@@ -102,13 +103,15 @@ def page(request: web.Request, title: str, body: str, status: int = 200) -> web.
     who = request.get("identity")
     nav = ""
     if who is not None:
-        role = who[1]
         places = [("/queue", "Approvals", {"approver", "admin"}), ("/audit", "Trail", {"auditor", "admin"}),
                   ("/audit/charts", "Charts", {"auditor", "admin"}), ("/audit/replay", "Replay", {"auditor", "admin"})]
-        nav = "".join(f"<a href='{link(path)}'>{name}</a>" for path, name, roles in places if role in roles)
-        nav += (f"<span class=who>{show(who[0])} <small>({show(role)})</small></span>"
+        nav = "".join(f"<a href='{link(path)}'>{name}</a>" for path, name, roles in places if who.may(roles))
+        email = who.person.email if who.person is not None else None
+        nav += (f"<span class=who><span id=who-name>{show(who.name)}</span>"
+                f"{f' <small id=who-email>{show(email)}</small>' if email else ''}"
+                f" <small id=who-roles>({show(who.role)})</small></span>"
                 f"<form method=post action='{link('/sign-out')}'>{csrf_field(request)}"
-                "<button type=submit>Sign out</button></form>")
+                "<button type=submit id=sign-out>Sign out</button></form>")
     html = (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{show(title)} · toolkeeper</title>"
             f"<style>{STYLE}</style><script src='{PREFIX}/console.js' defer></script></head><body>"
             f"<header><strong>toolkeeper</strong>{nav}</header><main><h1>{show(title)}</h1>{body}</main></body></html>")

@@ -7,8 +7,9 @@
 
 Each waiting call shows what a person needs to decide: the tool, its
 arguments (secrets already redacted by the engine) and argv, the rule and
-reason that asked, the agent and its identity header, how long it has waited
-and how long it has left. The live stream sends each waiting call's HTML
+reason that asked, the agent and its identity header, the user the call is
+for (when serve noted one), how long it has waited and how long it has left.
+The live stream sends each waiting call's HTML
 (rendered and escaped here), so the page's script only adds and removes rows
 and never builds markup from a value; a row being answered is left as it is.
 """
@@ -23,10 +24,12 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
+from toolkeeper.identity import IssuerUnavailable
+from toolkeeper.policy import four_eyes_refusal
 from toolkeeper.store import Store
 from toolkeeper.wire.admin.api import answer_approval
 from toolkeeper.wire.admin.console.layout import csrf_field, field, link, page, show, url, when
-from toolkeeper.wire.admin.guard import MASTER
+from toolkeeper.wire.admin.guard import MASTER, Holder
 
 # What a page says after an answer: fixed sentences, so a link cannot make the page say anything else.
 NOTICES = {
@@ -35,6 +38,7 @@ NOTICES = {
     "once": "{id} ({tool}) approved by {approver}, once: a security rule asked, and an always answer cannot lift it",
     "denied": "{id} ({tool}) denied by {approver}: {reason}",
     "gone": "{id} is not waiting any more: answered, expired, or unknown",
+    "own": "{id} ({tool}) was asked for on your behalf: another approver must approve it (four eyes); you may deny it",
     "revoked": "always grant {id} revoked",
     "no-grant": "no always grant {id} in force",
 }
@@ -51,6 +55,7 @@ def _approval_html(approval: dict, request: web.Request) -> str:
     details = "".join([
         field("agent", approval.get("agent")),
         field("identity header", approval.get("agent_header")),
+        field("for user", _user_of(approval)),
         field("asked by", rule),
         field("why", why),
         field("arguments", approval.get("arguments"), block=True),
@@ -58,17 +63,28 @@ def _approval_html(approval: dict, request: web.Request) -> str:
         field("asked at", when(approval.get("created"))),
     ])
     expires = approval.get("expires")
+    who: Holder = request.get("identity") or MASTER
+    own = four_eyes_refusal(approval, who.approver, who.identity)  # four eyes: the button says so, the answer too
     forms = "".join(
         f"<form method=post action='{link(f'/queue/{approval_id}/{verb}')}'>{csrf_field(request)}{extra}"
-        f"<button type=submit name=verb value={verb}>{label}</button></form>"
+        f"<button type=submit name=verb value={verb}{' disabled' if own and verb != 'deny' else ''}>{label}</button>"
+        "</form>"
         for verb, label, extra in (
             ("approve", "Approve", ""), ("always", "Approve always", ""),
             ("deny", "Deny", "<label>reason<input name=reason size=28 maxlength=500></label>")))
+    if own:
+        forms += f"<p class=own>{show(own)}</p>"
     created, expires = _number(approval.get("created")), _number(expires) if expires else ""
     return (f"<section class=approval data-approval='{show(approval_id)}' data-created='{created}'"
             f" data-expires='{expires}'><h2>{show(approval['tool'])} <small>{show(approval_id)} · "
             f"waiting <span class=age></span>{' · <span class=left></span> left' if expires else ''}</small></h2>"
             f"<dl>{details}</dl><div class=actions>{forms}</div></section>")
+
+
+def _user_of(approval: dict) -> str | None:
+    """Whom the call is for, when the approval holds it (`principal_user`, or the call's `principal`)."""
+    principal = approval.get("principal")
+    return approval.get("principal_user") or (principal.get("user") if isinstance(principal, dict) else None)
 
 
 def _number(value: object) -> str:
@@ -87,7 +103,7 @@ def _grants_html(grants: list[dict], request: web.Request) -> str:
 
 
 class QueuePage:
-    def __init__(self, store: Store, identity: Callable[[web.Request], Awaitable[tuple[str, str] | None]],
+    def __init__(self, store: Store, identity: Callable[[web.Request], Awaitable[Holder | None]],
                  closing: asyncio.Event):
         self.store = store
         self.identity = identity  # who holds a request: its bearer token, or its session, looked up anew
@@ -139,16 +155,20 @@ class QueuePage:
 
     async def _may_watch(self, request: web.Request) -> bool:
         """Whether the stream's holder (its bearer token, or its session's) is still an approver or an admin."""
-        holder = await self.identity(request)
-        return holder is not None and holder[1] in ("approver", "admin")
+        try:
+            holder = await self.identity(request)
+        except IssuerUnavailable:  # a person's roles that cannot be read again: the stream ends, as pages refuse
+            return False
+        return holder is not None and holder.may(("approver", "admin"))
 
     async def answer(self, request: web.Request) -> web.Response:
         approval_id, verb = request.match_info["id"], request.match_info["verb"]
         form = await request.post()
-        who = request.get("identity") or MASTER
-        status, said = await answer_approval(self.store, approval_id, who[0], verb != "deny",
-                                             always=verb == "always", reason=str(form.get("reason", ""))[:500])
-        code = "gone" if status != 200 else "denied" if verb == "deny" else (
+        who: Holder = request.get("identity") or MASTER
+        status, said = await answer_approval(self.store, approval_id, who.approver, verb != "deny",
+                                             always=verb == "always", reason=str(form.get("reason", ""))[:500],
+                                             identity=who.identity)
+        code = "own" if status == 403 else "gone" if status != 200 else "denied" if verb == "deny" else (
             "once" if said.get("note") else "always" if verb == "always" else "approved")
         raise web.HTTPSeeOther(url("/queue", {"said": code, "id": approval_id}))
 
@@ -160,7 +180,8 @@ class QueuePage:
     async def _notice(self, code: str, subject: str) -> str:
         if code not in NOTICES:
             return ""
-        approval = await self.store.get_approval(subject) if code in ("approved", "always", "once", "denied") else None
+        approval = (await self.store.get_approval(subject)
+                    if code in ("approved", "always", "once", "denied", "own") else None)
         given = {key: value for key, value in (approval or {}).items() if value is not None}
         values = {"tool": "", "approver": "", "agent": "", "reason": "", **given, "id": subject}
         return f"<p class=notice role=status>{show(NOTICES[code].format_map(values))}</p>"

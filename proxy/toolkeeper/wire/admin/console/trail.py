@@ -7,8 +7,9 @@
 
 Filters: time range (since/until, or a preset), tool, status, source
 (declared or the agent's own), decision source, rule, approver, agent,
-identity header, and a search in the arguments. Every read runs in a thread
-on the trail's read connection, so a page never stalls the proxy.
+identity header, the user a call was for, and a search in the arguments.
+Every read runs in a thread on the trail's read connection, so a page never
+stalls the proxy.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ from typing import Any
 
 from aiohttp import web
 
-from toolkeeper.audit import SOURCES, STATUSES, AuditEntry, SQLAudit
+from toolkeeper.audit import SOURCES, STATUSES, AuditEntry, SQLAudit, principal_user
 from toolkeeper.common import TIME_GRAMMAR, moment
 from toolkeeper.wire.admin.console.layout import csrf_field, field, link, options, page, show, when
 
 SHADOW = ("deny", "ask", "allow")  # what a shadow rule would have done: the trail filters on it
 PRESETS = {"1h": 3600, "24h": 86400, "7d": 604800, "30d": 2592000}
 CHOICES = ("tool", "decision_source", "rule", "approver", "header")  # filters offered as a list of what is there
-TEXTS = ("agent", "search", "request_id")
+TEXTS = ("agent", "user", "search", "request_id")  # typed: a trail's users may be too many for a list
 EXPORTS = {"jsonl": "application/x-ndjson", "csv": "text/csv"}
 CHOICES_FOR = 10.0
 MAX_CHOICES = 500  # a list longer than this is no help: type in the search instead
@@ -72,6 +73,28 @@ def _header_of(record: AuditEntry) -> str:
     return str(((record.policy_input or {}).get("agent") or {}).get("header") or "")
 
 
+def _principal(record: AuditEntry) -> dict[str, Any]:
+    principal = (record.policy_input or {}).get("principal")
+    return principal if isinstance(principal, dict) else {}
+
+
+def _groups_of(record: AuditEntry) -> list[str]:
+    groups = _principal(record).get("groups")
+    return [str(group) for group in groups] if isinstance(groups, list) else []
+
+
+def _approver_identity(record: AuditEntry) -> str:
+    """The approver as the identity provider vouched for them, when they signed in through it."""
+    who = record.approver_identity or {}
+    if not who:
+        return ""
+    groups, roles = ", ".join(map(str, who.get("groups") or [])), ", ".join(map(str, who.get("roles") or []))
+    email = f" <{who['email']}>" if who.get("email") else ""
+    return " · ".join(part for part in (
+        f"{who.get('name') or ''}{email}", f"subject {who.get('subject')} at {who.get('issuer')}",
+        f"groups {groups or 'none'}", f"roles {roles}" if roles else "") if part)
+
+
 def _row(record: AuditEntry) -> str:
     agent_tool = " <small>agent</small>" if record.source == "agent" else ""
     shadow = "".join(f" <small class=shadow>shadow {show(s.get('rule'))}: {show(s.get('effect'))}</small>"
@@ -81,6 +104,7 @@ def _row(record: AuditEntry) -> str:
             f"<td class=tool>{show(record.tool)}{agent_tool}</td><td>{record.duration_ms:.1f} ms</td>"
             f"<td>{show(record.decision)} <small>{show(_decided_by(record))}</small>{shadow}</td>"
             f"<td class=approver>{show(record.approver or '')}</td><td class=header>{show(_header_of(record))}</td>"
+            f"<td class=user>{show(principal_user(record.policy_input) or '')}</td>"
             f"<td><code>{show(record.agent)}</code></td></tr>")
 
 
@@ -115,6 +139,7 @@ class TrailPages:
                 f"{pick('decision_source', 'decided by', choices['decision_source'])}"
                 f"{pick('rule', 'rule', choices['rule'])}{pick('approver', 'approver', choices['approver'])}"
                 f"{pick('header', 'identity header', choices['header'])}{text('agent', 'agent')}"
+                f"{text('user', 'for user')}"
                 f"{text('search', 'arguments contain', 18)}<button type=submit>Filter</button>"
                 f"<a href='{link('/audit')}'>clear</a></form>")
 
@@ -152,7 +177,7 @@ class TrailPages:
                  f"<code id=head>{show(head[:16])}</code> (event {show(seq)}) "
                  "<button type=submit>Verify now</button></form>")
         table = ("<table><thead><tr><th>time</th><th>status</th><th>tool</th><th>duration</th><th>decision</th>"
-                 "<th>approver</th><th>identity header</th><th>agent</th></tr></thead>"
+                 "<th>approver</th><th>identity header</th><th>for user</th><th>agent</th></tr></thead>"
                  f"<tbody>{''.join(_row(r) for r in shown.entries)}</tbody></table>")
         matches = "call matches" if total == 1 else "calls match"
         body = (f"{self._form(query, choices)}<p><span id=total>{total}</span> {matches} · export {exports}</p>"
@@ -191,13 +216,15 @@ class TrailPages:
         fields = "".join([
             field("tool", f"{record.tool} ({record.runner or ran_by_the_agent})"), field("status", record.status),
             field("time", when(record.time)), field("agent", record.agent),
-            field("identity header", _header_of(record)), field("request", record.request_id),
+            field("identity header", _header_of(record)), field("user", principal_user(record.policy_input)),
+            field("groups", ", ".join(_groups_of(record))), field("issuer", _principal(record).get("issuer")),
+            field("request", record.request_id),
             field("arguments as sent", record.arguments_sent), field("arguments as coerced", record.arguments),
             field("argv", record.argv),
             field("decision", f"{record.decision} by {_decided_by(record)}" if record.decision else ""),
             field("reason", record.decision_reason), field("policy revision", record.policy_revision),
             field("shadow rules", "; ".join(f"{s.get('rule')} would {s.get('effect')}" for s in record.shadow)),
-            field("approver", record.approver),
+            field("approver", record.approver), field("approver identity", _approver_identity(record)),
             field("waited for the answer", f"{record.waited_ms / 1000:.1f} s" if record.waited_ms else ""),
             field("exit status", record.exit_code), field("trap", record.trap),
             field("duration", f"{record.duration_ms:.1f} ms"),

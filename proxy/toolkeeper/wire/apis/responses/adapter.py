@@ -14,6 +14,11 @@ History, both ways the API keeps it:
   (and to the results of declared calls the last round still owes), and the
   agent's next `previous_response_id` is mapped through that link (model.py
   chains the rounds, `keep` stores the link).
+
+When the model server cannot tell one tenant from another (toolkeeper holds
+its key), every id the agent receives is linked, most to themselves, so that
+the link says whose it is, and an id another tenant names is refused
+(owners.py).
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ from typing import Any
 
 from aiohttp import web
 
-from toolkeeper.common import digest
+from toolkeeper.common import digest, dumps
 from toolkeeper.engine import TurnResult
 from toolkeeper.store import Store, StoreError
-from toolkeeper.wire.apis.base import AgentAPI
+from toolkeeper.wire.apis.base import AgentAPI, credentials_hash
 from toolkeeper.wire.apis.relay import whole_output
 from toolkeeper.wire.apis.responses.items import (
     check_request,
@@ -37,6 +42,13 @@ from toolkeeper.wire.apis.responses.items import (
     visible_items,
 )
 from toolkeeper.wire.apis.responses.model import ENGINE_KEYS, ResponsesModel, forced_approvals
+from toolkeeper.wire.apis.responses.owners import (
+    named_in_path,
+    previous_in,
+    previous_not_found,
+    response_not_found,
+    shared_key,
+)
 from toolkeeper.wire.apis.responses.writer import ResponsesWriter, final_response
 from toolkeeper.wire.errors import store_unavailable
 from toolkeeper.wire.upstream import upstream_for
@@ -61,10 +73,14 @@ class ResponsesAPI(AgentAPI):
                                "as it arrives, and a background one arrives when nobody waits; send it without "
                                "background", "background_not_governed")
         context = self.context(request, raw)
+        guarded = self.guards(request)
         try:
+            followed = await self._follow_link(context.tenant, body, guarded)
+            if followed is None:  # before anything is recorded of the turn: no hosted tool's offer either
+                return previous_not_found(body["previous_response_id"])
+            body = followed
             if isinstance(body.get("tools"), list):
                 body = {**body, "tools": await self.offered(body["tools"], hosted_tool, context)}
-            body = await self._follow_link(context.tenant, body)
             referenced = await self._referenced(context.tenant, body["input"])
         except StoreError as exc:
             return self.errors.response(store_unavailable(exc))
@@ -77,10 +93,13 @@ class ResponsesAPI(AgentAPI):
                                mcp_servers=mcp_servers)
         events = self.engine.run(neutral, model, context)
 
-        async def keep(result: TurnResult, final: dict[str, Any]) -> None:
+        # whose the id is, when the server cannot say: unless the server keeps no response (`store: false`)
+        claimed = guarded and body.get("store") is not False
+
+        async def keep(result: TurnResult, final: dict[str, Any] | None) -> None:
             try:
-                await self._link(context.tenant, result, final)
-                if result.exchange and body.get("store") is not False:
+                await self._link(context.tenant, result, final, claimed)
+                if result.exchange and final is not None and body.get("store") is not False:
                     await self._remember_items(context.tenant, final["output"])
             except StoreError as exc:  # the agent has its answer; a later reference to it will miss
                 log.error("the ids of this response could not be stored: %s", exc)
@@ -93,13 +112,16 @@ class ResponsesAPI(AgentAPI):
 
     # -- previous_response_id across hidden rounds ------------------------------------
 
-    async def _follow_link(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _follow_link(self, tenant: str, body: dict[str, Any], guarded: bool) -> dict[str, Any] | None:
         """The agent's previous_response_id, mapped to the last upstream response of that turn; the declared
-        results that response still owes go first in the input."""
+        results that response still owes go first in the input. None: an id not this tenant's (`guarded`: the
+        model server cannot tell)."""
         previous = body.get("previous_response_id")
         link = await self.store.get_link(digest(tenant, "response", previous)) if isinstance(previous, str) else None
         if link is None:
-            return body
+            return None if guarded and isinstance(previous, str) else body
+        if link["last"] == previous and not link["owed"]:
+            return body  # an id that stands for itself: only whose it is was recorded
         given = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
         return {**body, "previous_response_id": link["last"], "input": [*link["owed"], *given]}
 
@@ -117,20 +139,52 @@ class ResponsesAPI(AgentAPI):
             if isinstance(item.get("id"), str):
                 await self.store.put_link(digest(tenant, "item", item["id"]), item, LINK_TTL)
 
-    async def _link(self, tenant: str, result: TurnResult, final: dict[str, Any]) -> None:
+    async def _link(self, tenant: str, result: TurnResult, final: dict[str, Any] | None, claimed: bool) -> None:
+        """The id the agent got (`final`'s; None: the model server's answer went back as it came), linked to what
+        it stands for; `claimed`: linked to itself when it stands for nothing else, so the link says whose it is.
+        One write a turn at most: a link to the last round says whose the id is too."""
         # after a mixed round, the results of its declared calls go upstream with the agent's own
         last_call = max((i for i, m in enumerate(result.exchange) if m.get("role") == "assistant"), default=-1)
         owed = input_from_messages(result.exchange[last_call + 1:])
+        given = final["id"] if final is not None else result.last.head.get("id")
         if result.rounds == 1 and not owed:
-            return  # nothing hidden: the id the agent got is the model server's own, its answer as the agent saw it
-        await self.store.put_link(digest(tenant, "response", final["id"] or ""),
+            # nothing hidden: the id the agent got is the model server's own, its answer as the agent saw it
+            if claimed and isinstance(given, str) and given:
+                await self.store.put_link(digest(tenant, "response", given), {"last": given, "owed": []}, LINK_TTL)
+            return
+        await self.store.put_link(digest(tenant, "response", given or ""),
                                   {"last": result.last.head.get("id"), "owed": owed, "shown": final}, LINK_TTL)
 
-    async def retrieve(self, tenant: str, response_id: str) -> tuple[str, dict[str, Any] | None]:
+    # -- whose a stored response is (owners.py) -----------------------------------------
+
+    def guards(self, request: web.Request) -> bool:
+        """Whether toolkeeper says whose each response id is: the model server cannot tell this request's tenant."""
+        return shared_key(request, upstream_for(request, self.upstream))
+
+    async def retrieve(self, request: web.Request, response_id: str) -> tuple[str, dict[str, Any] | None] | None:
         """GET /v1/responses/{id}: (the id the model server knows, and the response as the agent received it when
-        toolkeeper hid anything of it). The server's stored response holds the hidden and the refused calls: the
-        agent gets back what it got, never those."""
-        link = await self.store.get_link(digest(tenant, "response", response_id))
+        toolkeeper hid anything of it); None: an id not this tenant's. The server's stored response holds the
+        hidden and the refused calls: the agent gets back what it got, never those."""
+        link = await self.store.get_link(digest(credentials_hash(request), "response", response_id))
         if link is None:
-            return response_id, None
+            return None if self.guards(request) else (response_id, None)
         return link["last"], link.get("shown")
+
+    async def refused_elsewhere(self, request: web.Request,
+                                body: bytes | None) -> tuple[web.Response | None, bytes | None]:
+        """A request the catch-all passes on (DELETE /v1/responses/{id}, its input_items, /compact, ...): refused
+        when it names a response that is not this tenant's; else the body to send (read, when it named one)."""
+        named = named_in_path(request.path, request.method)
+        if named is None or not self.guards(request):
+            return None, body
+        if named:
+            return (None if await self._owns(request, named) else response_not_found(named)), body
+        previous, parsed = previous_in(body if body is not None else await request.read())
+        if parsed is None:
+            return self.refuse("the request body must be a JSON object"), None
+        if isinstance(previous, str) and not await self._owns(request, previous):
+            return previous_not_found(previous), None
+        return None, dumps(parsed)  # what was checked is what goes: one copy of each key, as toolkeeper read it
+
+    async def _owns(self, request: web.Request, response_id: str) -> bool:
+        return await self.store.get_link(digest(credentials_hash(request), "response", response_id)) is not None
