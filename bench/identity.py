@@ -75,13 +75,14 @@ def token(private: rsa.RSAPrivateKey, issuer: str) -> str:
     return jwt.encode(claims, private, algorithm="RS256", headers={"kid": "bench"})
 
 
-async def latencies(url: str, key: str, count: int) -> list[float]:
-    """Sequential requests on a kept connection, each a little different (identical ones read as retries)."""
+async def latencies(url: str, key: str, count: int, tag: str = "") -> list[float]:
+    """Sequential requests on a kept connection, each a little different (identical ones read as retries); `tag`
+    makes them differ from another run's too (a conversation toolkeeper has seen has a session)."""
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     times = []
     async with aiohttp.ClientSession(headers=headers) as session:
         for index in range(count + 20):
-            body = {**BODY, "messages": [{"role": "user", "content": f"hello #{index}"}]}
+            body = {**BODY, "messages": [{"role": "user", "content": f"hello {tag} #{index}"}]}
             started = time.perf_counter()
             async with session.post(url + "/chat/completions", json=body) as response:
                 await response.read()

@@ -32,7 +32,9 @@ from toolkeeper.policy import (
     RulesError,
     TerminalConsent,
     has_terminal,
+    prepare_secrets,
     rules_in_force,
+    scrub_secrets,
 )
 from toolkeeper.runners import McpRunner, McpServers, Runner, runners_for
 from toolkeeper.settings import TOKEN_VARIABLE, Settings, describe_hooks_undecided
@@ -64,7 +66,9 @@ class Stores:
 
     @classmethod
     def open(cls, agent: Agent, settings: Settings) -> Stores:
-        redactor = Redactor.from_settings(settings.redact, settings.redact_only)
+        # the trail keeps no secret the detector finds, whatever its name; its plugins load now, not in a request
+        prepare_secrets()
+        redactor = Redactor.from_settings(settings.redact, settings.redact_only, scrub_secrets)
         audit = open_audit(settings.kept("audit", agent.directory), redactor)
         closed = audit.close_interrupted()
         if closed:
@@ -104,7 +108,8 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     servers = McpServers(agent.config.mcp_servers, agent.directory)
     handler = CallHandler(runners=tool_runners(agent, servers), consent=consent,
                           policy=policy, store=stores.store, observers=[metrics.record, *observers],
-                          audit=stores.audit, forwarded_ttl=settings.history_ttl, metrics=metrics)
+                          audit=stores.audit, forwarded_ttl=settings.history_ttl, metrics=metrics,
+                          session_ttl=settings.history_ttl)
     history = History(stores.store, settings.history_ttl, metrics)
     engine = Engine(agent, handler, history=history, metrics=metrics)
 

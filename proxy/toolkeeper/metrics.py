@@ -18,6 +18,8 @@
     toolkeeper_unknown_calls_total{kind}                calls of a kind toolkeeper does not know, denied
     toolkeeper_hosted_tools_withheld_total{kind}        tools the model server runs, withheld by the rules
     toolkeeper_group_calls_total{group}                 calls, by the group of the user each was for
+    toolkeeper_flow_decisions_total{effect}             decisions a rule on the session's history made
+    toolkeeper_secrets_found_total{action,kind}         secrets found in what goes to the model or out
 
 One process: a registry per `Metrics` (several apps in one process never
 collide). `serve --workers N`: the supervisor sets PROMETHEUS_MULTIPROC_DIR to a
@@ -62,6 +64,7 @@ OTHER = "other"
 DECISION_SOURCES = ("rules", "opa", "policy", "tier", "yolo", "default", "consent", "loop_detector", "store",
                     "retry", "toolkeeper", "hosted", "pin")
 DECISION_EFFECTS = ("allow", "deny")
+FLOW_EFFECTS = ("allow", "ask", "deny")  # a rule on the session asks or denies (an allow is rarer, but may)
 CALL_ENDINGS = ("ok", "failed", "timeout", "denied", "invalid")  # a declared tool's series there from the start
 NO_GROUP = "none"  # a call for no group: the agent alone, or a user whose credentials name no group
 GLOB = frozenset("*?[")  # a rule's group pattern (team-*) names no one group: it counts nothing as itself
@@ -112,6 +115,12 @@ FAMILIES = {
     "toolkeeper_group_calls_total": Family(
         "counter", "Calls, by the group of the user each was for: a group the configuration names (the rules, "
         "auth.oidc.roles), other for any other, none for no group. Never by user.", ("group",)),
+    "toolkeeper_flow_decisions_total": Family(
+        "counter", "Decisions made by a rule on what the session had already done (its labels), by effect.",
+        ("effect",)),
+    "toolkeeper_secrets_found_total": Family(
+        "counter", "Secrets found in tool results and egress arguments, by kind and what was done (redact, block, "
+        "allow).", ("action", "kind"), bounded=("kind",)),
 }
 
 
@@ -160,6 +169,8 @@ class Metrics:
         self._families = {name: self._family(client, name, family) for name, family in FAMILIES.items()}
         for effect, source in itertools.product(DECISION_EFFECTS, DECISION_SOURCES):
             self.expect("toolkeeper_decisions_total", effect=effect, source=source)
+        for effect in FLOW_EFFECTS:
+            self.expect("toolkeeper_flow_decisions_total", effect=effect)
         self.named_groups(())
 
     def _family(self, client: Any, name: str, family: Family) -> Any:

@@ -63,6 +63,10 @@ class ExecutionRecord(BaseModel):
     decision_id: str | None = _in("decided")  # OPA's decision id
     policy_input: dict[str, Any] | None = _in("decided")  # the document the policy read
     shadow: list[dict[str, str]] = _in("decided", default_factory=list)  # shadow rules that matched: {rule, effect}
+    labels: list[str] = _in("decided", default_factory=list)  # the call's: its tool's and the label rules'
+    session: str | None = _in("decided")  # the session it was decided in (a hash its door made), when there was one
+    # when a rule on the session decided: the records of the calls that brought the labels it tested
+    flow: list[str] = _in("decided", default_factory=list)
     consent: str | None = _in("decided")  # approved | denied, when someone was asked
     approver: str | None = _in("decided")
     # the approver as the identity provider vouched for them: name, subject, issuer, email, username, groups, roles
@@ -77,6 +81,9 @@ class ExecutionRecord(BaseModel):
     duration_ms: float = _in("completed", 0.0)
     output_bytes: int = _in("completed", 0)
     output_sha256: str | None = _in("completed")
+    # secrets found in the call's result (or arguments): {kind, where, action}, never the value; action: what the
+    # model was given (redact, block: withheld, allow: as it was) or, for arguments, whether the call went out
+    secrets: list[dict[str, str]] = _in("completed", default_factory=list)
     answer: str = _in("completed", "")  # what the model was told
 
     def decided_by(self, decision: Decided) -> None:
@@ -87,6 +94,7 @@ class ExecutionRecord(BaseModel):
         self.policy_revision = decision.revision or self.policy_revision
         self.decision_id = decision.decision_id or self.decision_id
         self.shadow = [dict(entry) for entry in decision.shadow] or self.shadow
+        self.flow = list(decision.flow) or self.flow  # a person's answer to a flow's ask keeps the flow
 
     @classmethod
     def fields_of(cls, phase: Phase) -> tuple[str, ...]:
@@ -112,6 +120,7 @@ class Decided(Protocol):
     revision: str | None
     decision_id: str | None
     shadow: tuple[dict[str, str], ...]
+    flow: tuple[str, ...]
 
 
 class Observer(Protocol):

@@ -39,7 +39,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from toolkeeper.audit.record import ExecutionRecord
@@ -74,15 +74,19 @@ def words(name: str, *, pattern: bool = False) -> tuple[str, ...]:
 
 
 class Redactor:
-    def __init__(self, patterns: Iterable[str] = DEFAULT_PATTERNS):
+    def __init__(self, patterns: Iterable[str] = DEFAULT_PATTERNS, scrub: Callable[[str], str] | None = None):
         patterns = tuple(patterns)
         self.patterns = patterns
         self.pattern_words = [found for found in (words(p, pattern=True) for p in patterns) if found]
+        # secrets found by what they look like, whatever their name (a key in a command line, a token in a result):
+        # the composition root gives the policy's detector, which this layer does not know
+        self.scrub = scrub
 
     @classmethod
-    def from_settings(cls, add: Iterable[str] = (), only: Iterable[str] = ()) -> Redactor:
+    def from_settings(cls, add: Iterable[str] = (), only: Iterable[str] = (),
+                      scrub: Callable[[str], str] | None = None) -> Redactor:
         only = tuple(only)
-        return cls(only if only else (*DEFAULT_PATTERNS, *add))
+        return cls(only if only else (*DEFAULT_PATTERNS, *add), scrub)
 
     def secret_name(self, name: str) -> bool:
         """The name holds a pattern's words, side by side (the last one maybe plural)."""
@@ -166,8 +170,9 @@ class Redactor:
     def shown(self, arguments: dict[str, Any], argv: list[str]) -> tuple[dict[str, Any], list[str]]:
         """Arguments and argv as a person or a log may see them."""
         secrets: list[str] = []
-        clean = self.value(arguments, "arguments", secrets, [])
-        return self.erase_leaves(clean, secrets, "arguments", []), self.erase_argv(argv, secrets)
+        clean = self.erase_leaves(self.value(arguments, "arguments", secrets, []), secrets, "arguments", [])
+        argv = self.erase_argv(argv, secrets)
+        return self.scrubbed(clean, "arguments", []), self.scrubbed(argv, "argv", [])
 
     # -- the record -------------------------------------------------------------------
 
@@ -204,8 +209,29 @@ class Redactor:
         if policy_input.get("argv"):
             policy_input["argv"] = self.erase_argv(policy_input["argv"], secrets)
         data["answer"] = self.erase(data.get("answer") or "", secrets)
+        if self.scrub is not None:
+            for field in ("arguments_sent", "arguments", "argv", "answer"):
+                data[field] = self.scrubbed(data.get(field), field, paths)
+            for field in ("arguments", "argv"):
+                if policy_input.get(field) is not None:
+                    policy_input[field] = self.scrubbed(policy_input[field], f"policy_input.{field}", [])
         data["redacted"] = sorted(set(paths))
         return type(record).model_validate(data)
+
+    def scrubbed(self, value: Any, path: str, paths: list[str]) -> Any:
+        """Every text under `value` without the secrets the detector finds in it; where one was goes to `paths`."""
+        if self.scrub is None:
+            return value
+        if isinstance(value, str):
+            clean = self.scrub(value)
+            if clean != value:
+                paths.append(path)
+            return clean
+        if isinstance(value, dict):
+            return {name: self.scrubbed(member, f"{path}.{name}", paths) for name, member in value.items()}
+        if isinstance(value, list):
+            return [self.scrubbed(item, f"{path}[{i}]", paths) for i, item in enumerate(value)]
+        return value
 
 
     def _erased(self, value: Any, secrets: list[str], path: str, paths: list[str]) -> Any:

@@ -10,7 +10,9 @@ call takes the steps `serve` takes (`check_call`, `CallHandler.document`,
 A call with `source: agent` is one of the agent's own tools (Claude Code's
 Bash, Codex's exec_command): not in the agent file, its arguments as sent.
 A scenario's `principal:` (explain's `--user`, `--group`) says whom the call
-is for, as an agent's token or a trusted identity header would.
+is for, as an agent's token or a trusted identity header would; its
+`labels:`, `session:`, `after:` and `secrets:` say the call's flow
+(policy_flows.py), and `expect_labels:` and `flow:` what it must come to.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from toolkeeper.cli import policy_flows
+from toolkeeper.cli.policy_flows import Finding, SessionSpec
 from toolkeeper.cli.policy_import import add_import_parser, run_import
 from toolkeeper.cli.replay import add_replay_parser, run_replay
 from toolkeeper.common import Strict, load_yaml_model
@@ -51,6 +55,12 @@ class Call(Strict):
     source: Literal["declared", "agent", "hosted", "mcp"] = "declared"  # agent: the agent's own; hosted: the
     #                                                                       server's; mcp: an MCP server's
     kind: str = "function"  # an agent's call: its type as the model sends it (shell_call, apply_patch_call, ...)
+    labels: tuple[str, ...] = ()  # what its tool carries, as `labels:` in the agent file or mcp_servers: says
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _one_label(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
 
 
 class Principal(Strict):
@@ -82,6 +92,8 @@ class Situation(Strict):
     agent: dict[str, str] = Field(default_factory=dict)  # id, header
     workdir: str | None = None  # the agent's working directory, as a hook would say it (null: not known)
     principal: Principal | None = None  # whom the call is for (null: the agent alone)
+    session: SessionSpec | None = None  # what its session has seen before it (null: a fresh one)
+    secrets: tuple[Finding, ...] | None = None  # found in its arguments (null: an egress call's are scanned)
 
 
 class Scenario(Situation):
@@ -90,6 +102,15 @@ class Scenario(Situation):
     expect: str
     rule: str | None = None
     shadow: tuple[str, ...] | None = None  # the shadow rules that must match it (none: not checked)
+    after: tuple[Call, ...] = ()  # the calls its session made before it, each decided in turn: after-1, after-2...
+    labels: tuple[str, ...] = ()  # what the call's tool carries (as its `call: {labels: ...}`)
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _one_label(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
+    expect_labels: tuple[str, ...] | None = None  # the labels the call must have, exactly (none: not checked)
+    flow: tuple[str, ...] | None = None  # the record ids its decision must name (none: not checked)
 
 
 class ScenarioFile(Strict):
@@ -123,6 +144,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                          help="a group of that user, as policies read principal.groups (repeatable)")
     explain.add_argument("--workdir", help="the agent's working directory, as its hook would say it: relative "
                                            "paths resolve in it (default: not known)")
+    explain.add_argument("--label", action="append", default=[], dest="labels", metavar="LABEL",
+                         help="a label the tool carries, as the agent file's labels: would give it (repeatable)")
+    explain.add_argument("--session-has", action="append", default=[], metavar="LABEL",
+                         help="a label the call's session has already seen, as policies read session.has "
+                              "(repeatable)")
     explain.add_argument("--source", choices=["declared", "agent", "hosted", "mcp"], default="declared",
                          help="agent: TOOL is one of the agent's own (Bash, exec_command), not in the agent file")
     explain.add_argument("--kind", default="function",
@@ -146,17 +172,22 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-async def evaluate(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, call: Call,
-                   situation: Situation) -> tuple[dict[str, Any], Decision]:
-    """The policy input `serve` would build for this call, and the decision, by the steps `serve` takes."""
+async def evaluate(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, call: Call, situation: Situation,
+                   *, labeller: Rules | None = None,
+                   session: dict[str, Any] | None = None) -> tuple[dict[str, Any], Decision]:
+    """The policy input `serve` would build for this call, and the decision, by the steps `serve` takes.
+    `labeller`: the rules whose label rules label the call (by default `rules`: OPA decides on labels YAML
+    gives); `session`: what its session has seen (by default the situation's)."""
     yolo = agent.config.yolo if situation.yolo is None else situation.yolo
     handler = CallHandler(runners={}, consent=NoConsent(), policy=Policy(yolo, rules, opa))
     turn = TurnContext(agent=situation.agent.get("id", ""), agent_header=situation.agent.get("header"),
                        workdir=situation.workdir,
                        principal=situation.principal.document() if situation.principal is not None else None)
+    session = session if session is not None else policy_flows.start(situation.session, situation.at)
     if call.source != "declared":
         document = handler.document(call.tool, call.arguments, None, turn, interactive=situation.interactive,
                                     now=situation.at, kind=call.kind, source=call.source)
+        policy_flows.put(document, labeller or rules, call.labels, session, situation.secrets)
         return document, await handler.policy.decide(document)
     tool = agent.tools.get(call.tool)
     if tool is None:
@@ -168,14 +199,49 @@ async def evaluate(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, cal
                          + "; ".join(checked.problems))
     document = handler.document(tool, checked.values, checked.argv, turn, interactive=situation.interactive,
                                 now=situation.at)
+    declared = (*call.labels, *getattr(tool.spec, "labels", ()))
+    policy_flows.put(document, labeller or rules, declared, session, situation.secrets)
     return document, await handler.policy.decide(document)
 
 
-def _describe(decision: Decision) -> str:
+async def run_scenario(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, scenario: Scenario,
+                       labeller: Rules) -> tuple[dict[str, Any], Decision]:
+    """A scenario's call, decided after the calls its session made before it (`after:`): each decided in
+    turn, and its labels kept in the session unless it was denied (an ask counts as granted)."""
+    session = policy_flows.start(scenario.session, scenario.at)
+    earlier = scenario.model_copy(update={"secrets": None})  # the scenario's findings are its own call's
+    for number, step in enumerate(scenario.after, 1):
+        document, decision = await evaluate(agent, rules, opa, step, earlier, labeller=labeller, session=session)
+        if decision.effect != "deny":
+            policy_flows.add(session, document["labels"], step.tool, number, scenario.at)
+        else:
+            session["calls"] += 1
+    call = scenario.call.model_copy(update={"labels": (*scenario.call.labels, *scenario.labels)})
+    return await evaluate(agent, rules, opa, call, scenario, labeller=labeller, session=session)
+
+
+def _expected(scenario: Scenario) -> str:
+    return scenario.expect + (f" by rule {scenario.rule}" if scenario.rule else "") + (
+        f" with shadow rules [{', '.join(scenario.shadow)}]" if scenario.shadow is not None else "") + (
+        f" with labels [{', '.join(sorted(scenario.expect_labels))}]" if scenario.expect_labels is not None
+        else "") + (f" with flow [{', '.join(scenario.flow)}]" if scenario.flow is not None else "")
+
+
+def _holds(scenario: Scenario, document: dict[str, Any], decision: Decision) -> bool:
+    shadowed = tuple(s["rule"] for s in decision.shadow)
+    return decision.effect == scenario.expect and scenario.rule in (None, decision.rule_id) and (
+        scenario.shadow is None or set(scenario.shadow) == set(shadowed)) and (
+        scenario.expect_labels is None or set(scenario.expect_labels) == set(document["labels"])) and (
+        scenario.flow is None or tuple(scenario.flow) == decision.flow)
+
+
+def _describe(decision: Decision, document: dict[str, Any] | None = None) -> str:
     by = f"rule {decision.rule_id}" if decision.rule_id else decision.source
     shadow = "".join(f"; shadow rule {s['rule']} would {s['effect']}" for s in decision.shadow)
     said = decision.reason if decision.reason.startswith(f"{by}:") else f"{by}: {decision.reason}"  # yolo: true
-    return f"{decision.effect} ({said}){shadow}"
+    flow = f"; flow [{', '.join(decision.flow)}]" if decision.flow else ""
+    labels = f"; labels [{', '.join(document['labels'])}]" if document and document.get("labels") else ""
+    return f"{decision.effect} ({said}){shadow}{flow}{labels}"
 
 
 def run_tests(path: str | Path, *, opa_url: str | None = None, opa_path: str = DEFAULT_PATH) -> int:
@@ -204,20 +270,16 @@ async def _run_tests(path: str | Path, opa_url: str | None, opa_path: str) -> in
             for scenario in spec.scenarios:
                 runs += 1
                 try:
-                    _, decision = await evaluate(agent, engine_rules, opa, scenario.call, scenario)
+                    document, decision = await run_scenario(agent, engine_rules, opa, scenario, rules)
                 except RulesError as exc:
                     print(f"FAIL [{engine}] {scenario.name}: {exc}")
                     failures += 1
                     continue
-                shadowed = tuple(s["rule"] for s in decision.shadow)
-                ok = decision.effect == scenario.expect and scenario.rule in (None, decision.rule_id) and (
-                    scenario.shadow is None or set(scenario.shadow) == set(shadowed))
-                expected = scenario.expect + (f" by rule {scenario.rule}" if scenario.rule else "") + (
-                    f" with shadow rules [{', '.join(scenario.shadow)}]" if scenario.shadow is not None else "")
-                if ok:
-                    print(f"PASS [{engine}] {scenario.name}: {_describe(decision)}")
+                if _holds(scenario, document, decision):
+                    print(f"PASS [{engine}] {scenario.name}: {_describe(decision, document)}")
                 else:
-                    print(f"FAIL [{engine}] {scenario.name}: expected {expected}, got {_describe(decision)}")
+                    print(f"FAIL [{engine}] {scenario.name}: expected {_expected(scenario)}, "
+                          f"got {_describe(decision, document)}")
                     failures += 1
     finally:
         for _, _, opa in engines:
@@ -257,12 +319,14 @@ def explain(args: argparse.Namespace) -> int:
     rules = rules_in_force(args.policy, args.opa_url)
     opa = OpaPolicy(args.opa_url, args.opa_path, timeout=5) if args.opa_url else None
     principal = Principal(user=args.user, groups=args.groups) if args.user or args.groups else None
-    situation = Situation(yolo=args.yolo, at=args.at, workdir=args.workdir, principal=principal, agent={
-        "id": args.agent_id, **({"header": args.agent_header} if args.agent_header is not None else {})})
+    session = SessionSpec(has=args.session_has) if args.session_has else None
+    situation = Situation(yolo=args.yolo, at=args.at, workdir=args.workdir, principal=principal, session=session,
+                          agent={"id": args.agent_id,
+                                 **({"header": args.agent_header} if args.agent_header is not None else {})})
 
     async def run() -> tuple[dict[str, Any], Decision]:
         try:
-            call = Call(tool=args.tool, arguments=arguments, source=args.source, kind=args.kind)
+            call = Call(tool=args.tool, arguments=arguments, source=args.source, kind=args.kind, labels=args.labels)
             return await evaluate(agent, rules, opa, call, situation)
         finally:
             if opa is not None:
@@ -273,13 +337,15 @@ def explain(args: argparse.Namespace) -> int:
     print(json.dumps(document, indent=2, ensure_ascii=False))
     if rules is not None:
         print(f"\nrules {rules.path} (revision {rules.revision}):")
-        matched = {rule.id for rule in [*rules.matching(document), *rules.matching(document, shadow=True)]}
+        matched = {rule.id for rule in [*rules.matching(document), *rules.matching(document, shadow=True),
+                                        *rules.labelling(document)]}
         for rule in rules.rules:
             mode = " (shadow: recorded, not deciding)" if rule.mode == "shadow" else ""
-            print(f"  {'MATCH' if rule.id in matched else '     '} {rule.id}: {rule.effect}{mode}")
+            gives = f" [{', '.join(rule.labels)}]" if rule.effect == "label" else ""
+            print(f"  {'MATCH' if rule.id in matched else '     '} {rule.id}: {rule.effect}{gives}{mode}")
         _print_commands(document)
     if opa is not None:
         print(f"\nOPA {opa.url}/v1/data/{opa.path}: decision id {decision.decision_id}, "
               f"bundles {decision.revision}")
-    print(f"\ndecision: {_describe(decision)}")
+    print(f"\ndecision: {_describe(decision, document)}")
     return 0

@@ -3,17 +3,19 @@
 An adapter hands it the agent's request in the neutral (Chat Completions)
 form and a `Model`; it yields `Visible` text, `Working` while a declared call
 runs, and one `TurnResult`. It holds one declared call's steps (`calls`),
-the hidden history and its store, and `MockModel`, a Model answered
-in-process, for tests. It never imports HTTP.
+each call's session (`flows`), the hidden history and its store, and
+`MockModel`, a Model answered in-process, for tests. It never imports HTTP.
 """
 
 from toolkeeper.engine.calls import CallContext, CallHandler, Outcome
+from toolkeeper.engine.flows import Flows, conversation_session, door_session
 from toolkeeper.engine.history import DEFAULT_TTL, History
 from toolkeeper.engine.hooks import HookCalls, HookDecision
 from toolkeeper.engine.hosted import HostedTools
 from toolkeeper.engine.loop import MAX_ROUNDS, Engine, tool_name
 from toolkeeper.engine.mcp import McpDoor, McpSession, approve_definition, changed_fields, definition_diff
 from toolkeeper.engine.mock import MockModel, answer
+from toolkeeper.engine.secrets import AgentResults
 from toolkeeper.engine.types import (
     Event,
     Model,
@@ -29,10 +31,12 @@ from toolkeeper.engine.types import (
 __all__ = [
     "DEFAULT_TTL",
     "MAX_ROUNDS",
+    "AgentResults",
     "CallContext",
     "CallHandler",
     "Engine",
     "Event",
+    "Flows",
     "History",
     "HookCalls",
     "HookDecision",
@@ -52,6 +56,8 @@ __all__ = [
     "answer",
     "approve_definition",
     "changed_fields",
+    "conversation_session",
     "definition_diff",
+    "door_session",
     "tool_name",
 ]

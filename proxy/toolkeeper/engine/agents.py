@@ -38,21 +38,22 @@ class AgentCalls:
         record = ExecutionRecord(request_id=turn.request_id, agent=turn.agent, api=turn.api, tool=call.name,
                                  runner="", call_id=call.id, arguments_sent=call.arguments, arguments=arguments,
                                  source=call.source, status="denied", policy_revision=handler.policy.revision,
-                                 agent_revision=turn.agent_revision or None)
+                                 agent_revision=turn.agent_revision or None, session=turn.session or None)
         # what an approver sees and an approval is bound to: the arguments, or their text when not an object
         values = arguments if isinstance(arguments, dict) else {"arguments": call.arguments_text}
         state = CallState(call, None, context, record, False, values=values)  # type: ignore[arg-type]
-        record.policy_input = handler.document(call.name, call.arguments_text if arguments is None else arguments,
-                                               None, turn, kind=call.kind, source=call.source)
+        document = handler.document(call.name, call.arguments_text if arguments is None else arguments, None, turn,
+                                    kind=call.kind, source=call.source)
         ambiguous = ambiguous_keys(call.arguments)  # the agent might run other arguments than the rules read
+        refused = None if call.known else self._unknown(call)
         if ambiguous is not None:
-            decision = Decision("deny", "toolkeeper", f"{ambiguous}: the agent could run other arguments than the "
-                                                      "rules read, so it was not passed on")
-        else:
-            decision = await handler.policy.decide(record.policy_input) if call.known else self._unknown(call)
+            refused = Decision("deny", "toolkeeper", f"{ambiguous}: the agent could run other arguments than the "
+                                                     "rules read, so it was not passed on")
+        decision = await handler.judge(record, document, turn, instead=refused)
         record.decided_by(decision)
         if decision.effect == "ask":
             record.decided_by(await handler.ask(state, decision))
+        await handler.noted(record, turn)  # allowed: the agent is taken to run it
         if record.decision == "allow" and call.answer_if_allowed is not None:  # toolkeeper's to answer: done here
             record.status, record.answer = "ok", call.answer_if_allowed
             await handler.settle(record, Outcome(record.answer))
@@ -131,6 +132,7 @@ class AgentCalls:
         text = output if isinstance(output, str) else canonical_json(output).decode()
         record.status, record.answer = status, text[:ANSWER_EXCERPT]
         record.output_bytes, record.output_sha256 = len(text.encode()), sha256_hex(text.encode())
+        record.secrets = turn.result_secrets.get(call_id, [])  # found as the request came in (engine/secrets.py)
         await self._complete(record)
         return True
 

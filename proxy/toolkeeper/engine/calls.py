@@ -21,12 +21,15 @@ from typing import Any
 
 from toolkeeper.audit import AuditError, ExecutionRecord, Observer, Redactor, SQLAudit
 from toolkeeper.common import canonical_json, digest, printable
+from toolkeeper.engine.flows import Flows
+from toolkeeper.engine.history import DEFAULT_TTL
 from toolkeeper.engine.memo import Attempt, RetryMemo
+from toolkeeper.engine.secrets import arguments_found, declared_result
 from toolkeeper.engine.types import ToolCall, TurnContext
 from toolkeeper.metrics import Metrics
 from toolkeeper.policy import Consent, ConsentRequest, Decision, Policy, arguments_hash, policy_input
 from toolkeeper.runners import Caller, Runner, acting_for
-from toolkeeper.store import Store, StoreError
+from toolkeeper.store import Store, StoreError, empty_session
 from toolkeeper.tools import DeclaredTool, check_call, invalid_call_answer, parse_arguments
 
 log = logging.getLogger("toolkeeper")
@@ -87,7 +90,8 @@ Step = Callable[[CallState], Awaitable[Outcome | None]]
 class CallHandler:
     def __init__(self, *, runners: Mapping[str, Runner], consent: Consent, policy: Policy,
                  store: Store | None = None, observers: Iterable[Observer] = (), retry_window: float = RETRY_WINDOW,
-                 audit: SQLAudit | None = None, forwarded_ttl: float = 24 * 3600, metrics: Metrics | None = None):
+                 audit: SQLAudit | None = None, forwarded_ttl: float = 24 * 3600, metrics: Metrics | None = None,
+                 session_ttl: float = DEFAULT_TTL):
         self.runners = runners  # by the tool's runner: "argv", "wasm"
         self.consent = consent
         self.policy = policy
@@ -98,6 +102,7 @@ class CallHandler:
         self.audit = audit
         self.metrics = metrics or Metrics()
         self.redactor = audit.redactor if audit is not None else Redactor()
+        self.flows = Flows(store, session_ttl, self.metrics)  # each call's session: what it had already done
         # The steps in order; each answers, or returns None to go on. The run comes last.
         self.steps: tuple[Step, ...] = (self._detect_loop, self._check, self._replay, self._decide,
                                         self.record_before_run)
@@ -110,14 +115,39 @@ class CallHandler:
 
     def document(self, tool: DeclaredTool | str, arguments: Any, argv: list[str] | None, turn: TurnContext, *,
                  interactive: bool | None = None, now: datetime | None = None, kind: str = "function",
-                 source: str = "agent", tier: str | None = None) -> dict[str, Any]:
+                 source: str = "agent", tier: str | None = None, labels: Iterable[str] = ()) -> dict[str, Any]:
         """The policy input of one call (a declared tool, or the name of one of the agent's own or of a hosted
-        one), as every policy source reads it; `interactive` defaults to whether the consent channel can ask."""
-        return policy_input(tool, arguments, argv, agent_id=turn.agent, agent_header=turn.agent_header,
-                            request_id=turn.request_id, yolo=self.policy.yolo,
-                            interactive=self.consent_for(turn).can_ask if interactive is None else interactive,
-                            now=now, kind=kind, source=source, tier=tier, workdir=turn.workdir,
-                            principal=turn.principal)
+        one), as every policy source reads it; `interactive` defaults to whether the consent channel can ask.
+        Its `labels`: the tool's own (a declared tool's, or `labels` given: an MCP server's) and the label
+        rules'; its `session` empty until `judge` reads it."""
+        own = {*labels, *(tool.spec.labels if isinstance(tool, DeclaredTool) else ())}
+        document = policy_input(tool, arguments, argv, agent_id=turn.agent, agent_header=turn.agent_header,
+                                request_id=turn.request_id, yolo=self.policy.yolo,
+                                interactive=self.consent_for(turn).can_ask if interactive is None else interactive,
+                                now=now, kind=kind, source=source, tier=tier, workdir=turn.workdir,
+                                principal=turn.principal, labels=own, session=empty_session(turn.session))
+        document["labels"] = sorted(own | self.policy.labels(document)[0])  # label rules may read the tool's own
+        return document
+
+    async def judge(self, record: ExecutionRecord | None, document: dict[str, Any], turn: TurnContext, *,
+                    instead: Decision | None = None) -> Decision:
+        """The policy's decision on one call in its session (read into `document` first), kept in the record
+        (None: an offer, recorded only when withheld) with the call's labels and session; a rule on the session's
+        labels names the flow that led to it. `instead`: toolkeeper's own refusal, made before any rule is read."""
+        if record is not None:
+            record.policy_input, record.labels = document, list(document["labels"])
+            record.session = turn.session or None
+        refused = instead or await self.flows.read(document, turn)
+        return refused or self.flows.counted(await self.policy.decide(document))
+
+    async def noted(self, record: ExecutionRecord, turn: TurnContext, passed: bool | None = None) -> None:
+        """The call's final decision taken into its session (`Flows.add`); a call let through whose labels the
+        session could not keep is denied after all. The secrets in an egress call's arguments: recorded and
+        counted, with whether they went out."""
+        refused = await self.flows.add(record, turn, passed)
+        if refused is not None:
+            record.decided_by(refused)
+        arguments_found(record, self.metrics)
 
     def consent_for(self, turn: TurnContext) -> Consent:
         """Who is asked about this turn's calls: the door's own channel when it has one, else the configured."""
@@ -129,7 +159,8 @@ class CallHandler:
                                  tool=tool.name,
                                  runner=tool.spec.runner, call_id=call.id, arguments_sent=call.arguments,
                                  status="invalid", policy_revision=self.policy.revision,
-                                 agent_revision=context.turn.agent_revision or None)
+                                 agent_revision=context.turn.agent_revision or None,
+                                 session=context.turn.session or None)
         state = CallState(call, tool, context, record, truncated)
         outcome = None
         try:
@@ -222,12 +253,12 @@ class CallHandler:
         return Outcome(replayed[0])
 
     async def _decide(self, state: CallState) -> Outcome | None:
-        document = self.document(state.tool, state.values, state.argv, state.context.turn)
-        state.record.policy_input = document
-        decision = await self.policy.decide(document)
+        turn = state.context.turn
+        decision = await self.judge(state.record, self.document(state.tool, state.values, state.argv, turn), turn)
         state.record.decided_by(decision)
         if decision.effect == "ask":
             state.record.decided_by(await self.ask(state, decision))
+        await self.noted(state.record, turn)
         if state.record.decision == "allow":
             return None
         state.record.status = "denied"
@@ -266,7 +297,7 @@ class CallHandler:
         record.duration_ms = round(result.duration * 1000, 3)
         record.output_bytes = result.stdout.total
         record.output_sha256 = result.stdout.digest()
-        answer = result.answer()
+        answer = declared_result(self, record, state.tool.spec.secrets, result.answer())  # no secret reaches the model
         detail = result.detail or result.trap or (f"exit status {result.exit_code}" if result.status == "failed"
                                                   else "")
         if state.attempt is not None:

@@ -63,9 +63,10 @@ class HookCalls:
         values = call.arguments if isinstance(call.arguments, dict) else {"arguments": call.arguments_text}
         record = ExecutionRecord(request_id=turn.request_id, agent=turn.agent, api="hook", tool=call.name, runner="",
                                  call_id=call.id, arguments_sent=call.arguments, arguments=values, source="agent",
-                                 status="denied", policy_revision=handler.policy.revision)
-        record.policy_input = handler.document(call.name, call.arguments, None, turn, source="agent")
-        decision = await handler.policy.decide(record.policy_input)
+                                 status="denied", policy_revision=handler.policy.revision,
+                                 session=turn.session or None)
+        decision = await handler.judge(record, handler.document(call.name, call.arguments, None, turn,
+                                                                source="agent"), turn)
         if not decided_by_a_rule(decision):
             if self.undecided == "defer":
                 return await self._defer(record, decision, turn)
@@ -77,6 +78,8 @@ class HookCalls:
         if decision.effect == "ask" and not delegated:
             state = CallState(call, None, CallContext(turn), record, False, values=values)  # type: ignore[arg-type]
             record.decided_by(await handler.ask(state, decision))
+        await handler.noted(record, turn, passed=record.decision == "allow" or delegated)
+        delegated = delegated and record.decision != "deny"  # the session could not keep what it brings
         if record.decision == "allow" or delegated:
             record.status = "forwarded"
             record.consent = "delegated" if delegated else record.consent
@@ -95,6 +98,12 @@ class HookCalls:
         record.decided_by(dataclasses.replace(undecided, reason=reason))
         record.status = "deferred"
         record.consent = "deferred"  # kept when the post event completes the record: the agent's own flow decided
+        await self.handler.noted(record, turn, passed=True)  # the agent may well run it: taken to, as if allowed
+        if record.decision == "deny":  # the session could not keep what it brings
+            record.answer = f"Not allowed by toolkeeper: {record.decision_reason}"
+            record.status = "denied"
+            await self.handler.settle(record, Outcome(record.answer))
+            return HookDecision("deny", record.decision_reason)
         if await self.agent_calls.write_forwarded(record, turn):
             return HookDecision("defer", reason)
         return self._unrecorded(record.tool)

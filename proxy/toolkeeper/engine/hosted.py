@@ -18,6 +18,7 @@ and an allow rule with them does not.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -42,7 +43,7 @@ class HostedTools:
         of them by a pattern (`mcp__github__delete_*`) withholds it: which ones it covers is not known."""
         handler = self.handler
         document = handler.document(name, UNKNOWN_ARGUMENTS, None, turn, kind=kind, source="hosted")
-        decision = await handler.policy.decide(document)
+        decision = await handler.judge(None, document, turn)  # the session's labels may withhold it too
         if decision.effect == "allow" and unnamed:
             decision = handler.policy.unnamed_restricted(document) or decision
             if decision.effect != "allow":
@@ -51,11 +52,11 @@ class HostedTools:
             handler.metrics.shadowed(decision.shadow)  # an offer is no call: its matches are counted, not recorded
             return True
         if decision.effect == "ask":  # nobody can be asked per call: the server runs them all at once
-            decision = Decision("deny", decision.source, f"{decision.reason} (a tool the model server runs cannot "
-                                "wait for a person's answer per call, so it was not offered)", decision.rule_id,
-                                decision.revision)
+            decision = dataclasses.replace(decision, effect="deny", reason=f"{decision.reason} (a tool the model "
+                                           "server runs cannot wait for a person's answer per call, so it was not "
+                                           "offered)")  # the flow that asked, kept
         record = self._record(name, kind, config, turn, "withheld", f"{kind}:{name}")
-        record.policy_input = document
+        record.policy_input, record.labels = document, list(document["labels"])
         record.decided_by(decision)
         record.answer = f"withheld from the request: {decision.reason}"
         await handler.settle(record, Outcome(record.answer))
@@ -63,26 +64,31 @@ class HostedTools:
         return False
 
     async def observe(self, call: ToolCall, turn: TurnContext) -> None:
-        """A call the model server ran within an answer: recorded with what it gave."""
+        """A call the model server ran within an answer: recorded with what it gave, and what it brought
+        (its labels) added to the session: it ran."""
+        handler = self.handler
         record = self._record(call.name, call.kind, call.arguments, turn, "observed", call.id)
         output = call.extra.get("output")
         if output is not None:
             text = output if isinstance(output, str) else canonical_json(output).decode()
             record.output_bytes, record.output_sha256 = len(text.encode()), sha256_hex(text.encode())
-        record.decided_by(Decision("allow", "hosted", "run by the model server, within its answer",
-                                   shadow=await self._shadow(call, turn)))
-        await self.handler.settle(record, Outcome(""))  # one event: the server had run it before anyone knew
-
-    async def _shadow(self, call: ToolCall, turn: TurnContext) -> tuple[dict[str, str], ...]:
-        """The shadow rules that match a call the server ran, on the arguments it ran it with (they are known
-        now): recorded with it, as with every call. Nothing it decides: the call has run."""
-        handler = self.handler
         document = handler.document(call.name, call.arguments, None, turn, kind=call.kind, source="hosted")
-        return (await handler.policy.decide(document)).shadow
+        record.labels = list(document["labels"])
+        record.decided_by(Decision("allow", "hosted", "run by the model server, within its answer",
+                                   shadow=await self._shadow(document, turn)))
+        await handler.flows.add(record, turn, passed=True)  # not to be refused: it has run
+        await handler.settle(record, Outcome(""))  # one event: the server had run it before anyone knew
+
+    async def _shadow(self, document: dict[str, Any], turn: TurnContext) -> tuple[dict[str, str], ...]:
+        """The shadow rules that match a call the server ran, on the arguments it ran it with (they are known
+        now) and in its session: recorded with it, as with every call. Nothing it decides: the call has run."""
+        if await self.handler.flows.read(document, turn) is not None:
+            return ()  # the session unread: no rule on it can say what it would have done
+        return (await self.handler.policy.decide(document)).shadow
 
     def _record(self, name: str, kind: str, arguments: Any, turn: TurnContext, status: str,
                 call_id: str) -> ExecutionRecord:
         return ExecutionRecord(request_id=turn.request_id, agent=turn.agent, api=turn.api, tool=name, runner="",
                                call_id=call_id, arguments_sent=arguments, source="hosted", status=status,
                                policy_revision=self.handler.policy.revision,
-                               agent_revision=turn.agent_revision or None)
+                               agent_revision=turn.agent_revision or None, session=turn.session or None)

@@ -32,6 +32,7 @@ from toolkeeper.common import canonical_json, printable, sha256_hex
 from toolkeeper.engine.calls import ANSWER_EXCERPT, CallContext, CallState, Outcome
 from toolkeeper.engine.discovery import Discovery
 from toolkeeper.engine.loop import Engine
+from toolkeeper.engine.secrets import proxied_result
 from toolkeeper.engine.types import ToolCall, TurnContext
 from toolkeeper.policy import Consent, Decision
 from toolkeeper.runners import Caller, McpCallerRequired, McpConnection, McpServerError, McpServers, McpServerTimeout
@@ -52,6 +53,7 @@ class McpSession:
     agent_header: str | None = None
     principal: dict[str, Any] | None = None  # who the calls are for (identity.Principal.document())
     subject_token: str | None = field(default=None, repr=False, compare=False)  # the client's token: never sent on
+    session: str = ""  # the flow session its calls are decided in (engine/flows.py): the MCP session, with whose
     consent: Consent | None = None  # the client's elicitation, when it declares it and nothing else can ask
     found: set[str] = field(default_factory=set)
     trace: Any = None  # the request's span, when tracing is on: its declared and proxied calls' parent
@@ -59,7 +61,8 @@ class McpSession:
     def turn(self) -> TurnContext:
         return TurnContext(request_id=secrets.token_hex(8), agent=self.agent, tenant=self.tenant or self.agent,
                            agent_header=self.agent_header, principal=self.principal,
-                           subject_token=self.subject_token, api="mcp", consent=self.consent, trace=self.trace)
+                           subject_token=self.subject_token, api="mcp", consent=self.consent, trace=self.trace,
+                           session=self.session)
 
     @property
     def caller(self) -> Caller | None:
@@ -132,6 +135,7 @@ class McpDoor:
         self.store = store
         # definition changes already in the trail: (server, tool, the pinned digest, the one served instead)
         self._reported: set[tuple[str, str, str, str]] = set()
+        self._unlisted: set[tuple[str, str]] = set()  # `tools:` entries naming no tool of their server, logged
 
     @property
     def handler(self) -> Any:
@@ -154,11 +158,22 @@ class McpDoor:
                 continue
             if isinstance(tools, BaseException):
                 raise tools
+            self._warn_unlisted(connection.spec, tools)
             pins = await self._server_pins(connection.spec)
             for tool in tools:
                 if await self._offered(connection.spec, tool, session, pins):
                     listed.append({**tool, "name": connection.spec.proxied_name(tool["name"])})
         return listed
+
+    def _warn_unlisted(self, spec: McpServerSpec, tools: list[dict[str, Any]]) -> None:
+        """A server's `tools:` entry that names none of its tools gives its labels to nothing: a typo, most likely,
+        and an `egress` tool left unlabelled. Said once each."""
+        listed = {tool.get("name") for tool in tools}
+        for name in sorted(set(spec.tools) - listed):
+            if (spec.name, name) not in self._unlisted:
+                self._unlisted.add((spec.name, name))
+                log.warning("MCP server %s lists no tool %s: its `tools:` entry (labels, secrets) applies to nothing",
+                            spec.name, printable(name))
 
     async def _server_pins(self, spec: McpServerSpec) -> dict[str, dict[str, Any]]:
         """A server's pins in one read, for a listing; empty when unread (each tool is then read on its own)."""
@@ -254,7 +269,7 @@ class McpDoor:
         record = ExecutionRecord(request_id=turn.request_id, agent=turn.agent, api="mcp", tool=name, runner="mcp",
                                  call_id=f"mcp_{secrets.token_hex(6)}", arguments_sent=arguments, arguments=values,
                                  source="mcp", status="denied", policy_revision=self.handler.policy.revision,
-                                 agent_revision=self.engine.agent.revision or None)
+                                 agent_revision=self.engine.agent.revision or None, session=turn.session or None)
         answer = await self._proxied_answer(name, values, record, turn)
         if turn.trace is not None:  # tracing on: the call's span, under its request's
             turn.trace.tool(record)
@@ -308,14 +323,15 @@ class McpDoor:
         if withheld is not None:
             record.decided_by(Decision("deny", "pin", withheld))
             return f"Not run: {record.tool} was not allowed ({withheld})."
-        record.policy_input = self.handler.document(record.tool, record.arguments, None, turn, source="mcp",
-                                                    tier=connection.spec.tier)
-        record.decided_by(await self.handler.policy.decide(record.policy_input))
+        document = self.handler.document(record.tool, record.arguments, None, turn, source="mcp",
+                                         tier=connection.spec.tier, labels=connection.spec.labels_of(tool["name"]))
+        decision = await self.handler.judge(record, document, turn)
+        record.decided_by(decision)
         if record.decision == "ask":
             state = CallState(ToolCall(record.call_id, record.tool, record.arguments_sent), None,  # type: ignore[arg-type]
                               CallContext(turn), record, False, values=record.arguments or {})
-            record.decided_by(await self.handler.ask(state, Decision(record.decision, record.decision_source,
-                                                                     record.decision_reason, record.decision_rule)))
+            record.decided_by(await self.handler.ask(state, decision))
+        await self.handler.noted(record, turn)
         if record.decision != "allow":
             return f"Not run: {record.tool} was not allowed ({record.decision_reason})."
         state = CallState(ToolCall(record.call_id, record.tool, record.arguments_sent), None,  # type: ignore[arg-type]
@@ -339,6 +355,7 @@ class McpDoor:
         record.status = "failed" if answer.is_error else "ok"
         record.duration_ms = round(answer.duration * 1000, 3)
         record.output_bytes, record.output_sha256 = len(text.encode()), sha256_hex(text.encode())
+        shown = proxied_result(self.handler, record, connection.spec.secrets_of(tool), answer.result)  # no secret
         record.answer = answer.text()[:ANSWER_EXCERPT]
         await self.handler.settle(record, Outcome(record.answer, ran=True))
-        return answer.result
+        return shown

@@ -163,6 +163,11 @@ class TurnContext:
     consent: Any = None  # a channel of the door's own (an MCP client's elicitation), asked instead of the configured
     workdir: str | None = None  # the agent's working directory, when its door says (a hook's cwd): paths resolve in it
     trace: RequestTrace | None = None  # the request's span, when tracing is on: its rounds' and calls' parent
+    session: str = ""  # the session its calls are decided in, as its door names it (engine/flows.py); "": none
+    # the secrets found in the agent's own tool results this request carries, by the id of the call each answers
+    # (the wire's adapters find them; the call's record takes them when the result completes it: engine/secrets.py)
+    result_secrets: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    session_calls: int = 0  # calls of this turn counted in the session: a door keeps a session that holds some
     _request_key: str | None = field(default=None, repr=False, compare=False)
 
     @property

@@ -19,6 +19,7 @@ from toolkeeper.policy.consent import (
     local_user,
 )
 from toolkeeper.policy.decision import Decision, Effect, most_restrictive
+from toolkeeper.policy.flows import SECRETS_MODES, empty_session
 from toolkeeper.policy.imports import (
     IMPORT_AGENT_FILE,
     IMPORT_FORMATS,
@@ -31,46 +32,77 @@ from toolkeeper.policy.imports import (
 from toolkeeper.policy.opa import DEFAULT_PATH, OpaPolicy
 from toolkeeper.policy.policy import Policy, policy_input, tier_decision
 from toolkeeper.policy.replay import Replayed, Report, current_effect, replay_calls, replay_trail, text_report
-from toolkeeper.policy.rules import Rules, RulesError, default_rules_path, load_rules, rules_in_force
+from toolkeeper.policy.rulefiles import default_rules_path, load_rules, rules_in_force
+from toolkeeper.policy.rules import Rules, RulesError
+from toolkeeper.policy.secret_modes import DEFAULT_MODE as SECRETS_DEFAULT
+from toolkeeper.policy.secret_modes import Guarded, scan_arguments, withheld_notice
+from toolkeeper.policy.secret_modes import guard as guard_result
+from toolkeeper.policy.secret_modes import scan as scan_result
+from toolkeeper.policy.secret_modes import strictest as strictest_secrets
+from toolkeeper.policy.secrets import KINDS as SECRET_KINDS
+from toolkeeper.policy.secrets import Finding as SecretFinding
+from toolkeeper.policy.secrets import Redaction
+from toolkeeper.policy.secrets import find as find_secrets
+from toolkeeper.policy.secrets import prepare as prepare_secrets
+from toolkeeper.policy.secrets import redact as redact_secrets
+from toolkeeper.policy.secrets import redaction as secrets_redaction
+from toolkeeper.policy.secrets import scrub as scrub_secrets
 
 __all__ = [
     "DEFAULT_PATH",
     "IMPORT_AGENT_FILE",
     "IMPORT_FORMATS",
     "RULE_SOURCES",
+    "SECRETS_DEFAULT",
+    "SECRETS_MODES",
+    "SECRET_KINDS",
     "ApprovalsConsent",
     "Consent",
     "ConsentAnswer",
     "ConsentRequest",
     "Decision",
     "Effect",
+    "Guarded",
     "ImportResult",
     "NoConsent",
     "OpaPolicy",
     "Policy",
     "PolicyImportError",
+    "Redaction",
     "Replayed",
     "Report",
     "Rules",
     "RulesError",
+    "SecretFinding",
     "TerminalConsent",
     "arguments_hash",
     "commands_in",
     "current_effect",
     "default_rules_path",
+    "empty_session",
+    "find_secrets",
     "four_eyes_refusal",
+    "guard_result",
     "has_terminal",
     "import_policy",
     "load_rules",
     "local_user",
     "most_restrictive",
     "policy_input",
+    "prepare_secrets",
+    "redact_secrets",
     "render_rules",
     "render_scenarios",
     "replay_calls",
     "replay_trail",
     "rules_in_force",
     "same_person",
+    "scan_arguments",
+    "scan_result",
+    "scrub_secrets",
+    "secrets_redaction",
+    "strictest_secrets",
     "text_report",
     "tier_decision",
+    "withheld_notice",
 ]

@@ -22,6 +22,7 @@ class Decision:
     revision: str | None = None  # which rules decided: a hash of the rules file, or OPA's bundle revision
     decision_id: str | None = None  # OPA's, to find the decision in its own logs
     shadow: tuple[dict[str, str], ...] = ()  # what the shadow rules that matched would have done: {rule, effect}
+    flow: tuple[str, ...] = ()  # a rule on the session decided: the record ids of the calls that led to it
 
 
 def most_restrictive(*decisions: Decision) -> Decision:

@@ -3,12 +3,20 @@
 toolkeeper posts the policy input to `POST /v1/data/<path>` (through
 opa-python-client's async client) and reads the result as a decision:
 
-    {"effect": "allow" | "deny" | "ask", "reason": "...", "rule": "id" | null}
+    {"effect": "allow" | "deny" | "ask", "reason": "...", "rule": "id" | null,
+     "flow": ["record id", ...]}                  # optional: the calls of the session that led to it
 
 Anything else fails closed, with the cause logged: no `result` (the rule is
 undefined), a status other than 200, no answer within the timeout (short: a
-call waits on it), a body that is not such an object. The decision id and the
-bundle revision OPA reports go into the record.
+call waits on it), a body that is not such an object, a `flow` that is not a
+list of strings. The decision id and the bundle revision OPA reports go into
+the record.
+
+Rego reads the call's `labels`, `session` and `secrets` in the input
+(`"egress" in input.labels`, `input.session.has`), and a decision a flow
+caused names its calls in `flow`, as a YAML rule's does (policies/flows.rego).
+OPA is asked after the call is labelled, so labels and `secrets:` modes come
+from the tools' declarations and the YAML label rules, never from OPA.
 """
 
 from __future__ import annotations
@@ -68,10 +76,13 @@ class OpaPolicy:
         result = answer["result"]
         if not isinstance(result, dict) or result.get("effect") not in ("allow", "deny", "ask"):
             return self._closed(f"OPA's decision is not an effect object: {str(result)[:200]}")
+        flow = result.get("flow") or []
+        if not isinstance(flow, list) or not all(isinstance(one, str) for one in flow):
+            return self._closed(f"OPA's decision has a flow that is not a list of record ids: {str(flow)[:200]}")
         bundles = (answer.get("provenance") or {}).get("bundles") or {}
         revision = ",".join(f"{name}@{b.get('revision')}" for name, b in sorted(bundles.items())) or None
         return Decision(result["effect"], "opa", str(result.get("reason") or ""), result.get("rule"), revision,
-                        answer.get("decision_id"))
+                        answer.get("decision_id"), flow=tuple(dict.fromkeys(flow)))
 
     def _closed(self, cause: str) -> Decision:
         log.warning("policy decision denied, fail closed: %s", cause)

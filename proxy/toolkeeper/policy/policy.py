@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from toolkeeper.policy.decision import Decision, most_restrictive
+from toolkeeper.policy.flows import empty_session
 from toolkeeper.tools import DeclaredTool
 
 if TYPE_CHECKING:
@@ -35,14 +36,17 @@ def policy_input(tool: DeclaredTool | str, arguments: Any, argv: list[str] | Non
                  agent_header: str | None = None, request_id: str = "", yolo: bool = False,
                  interactive: bool = False, now: datetime | None = None, kind: str = "function",
                  source: str = "agent", tier: str | None = None, workdir: str | None = None,
-                 principal: dict[str, Any] | None = None) -> dict[str, Any]:
+                 principal: dict[str, Any] | None = None, labels: Any = (),
+                 session: dict[str, Any] | None = None) -> dict[str, Any]:
     """The one document every policy source reads. `tool`: a declared tool, or the name of one of the agent's
     own (`tool.source: agent`: its arguments as sent, no argv, no tier), of one the model server runs
     (`hosted`), or of an MCP server's served through toolkeeper (`mcp`, with its server's `tier`); `kind`: the
     call's type as the model sent it (`function`, or a built-in's item type: `shell_call`, `apply_patch_call`, ...,
     or a hosted tool's: `web_search`, `web_search_20250305`, ...); `workdir`: the agent's working directory when its
     door says (a declared tool's is its own; a `local_shell` action names its own); `principal`: who the call is
-    for (identity.Principal's document), else only the agent."""
+    for (identity.Principal's document), else only the agent; `labels`: the call's own, its tool's and the label
+    rules' (`Policy.labels`); `session`: what its session has seen (empty when none). `secrets` is the scan of an
+    `egress` call's arguments, filled in afterwards (none found here)."""
     now = now or datetime.now().astimezone()
     if isinstance(tool, str):
         described = {"name": tool, "source": source, "kind": kind, "tier": tier,
@@ -64,6 +68,9 @@ def policy_input(tool: DeclaredTool | str, arguments: Any, argv: list[str] | Non
         "workdir": workdir,
         "request": {"id": request_id, "time": now.isoformat(timespec="seconds"), "weekday": WEEKDAYS[now.weekday()],
                     "hour": now.hour},
+        "labels": sorted(set(labels)),
+        "session": session if session is not None else empty_session(),
+        "secrets": {"arguments": []},
     }
 
 
@@ -114,7 +121,7 @@ class Policy:
         """What follows `prefix` in the tools the YAML rules name one by one (a tool glob without a wildcard):
         for an offer that can switch a server's tools on and off by name (Anthropic's MCP toolset), the tools a
         rule is about. OPA's rules cannot be read so: they decide the server's other tools as a whole."""
-        globs = [glob for rule in (self.rules.rules if self.rules else ())
+        globs = [glob for rule in (self.rules.rules if self.rules else ()) if rule.effect != "label"
                  for glob in ((rule.when.tool,) if isinstance(rule.when.tool, str) else rule.when.tool or ())]
         return {glob[len(prefix):] for glob in globs
                 if glob.startswith(prefix) and len(glob) > len(prefix) and not any(c in glob for c in "*?[")}
@@ -134,7 +141,7 @@ class Policy:
         named = {**document, "tool": {**document["tool"], "kind": "mcp_tool"}}  # one of its tools, name unknown
         try:
             for rule in self.rules.rules:
-                if rule.effect == "allow" or rule.mode != "enforce":
+                if rule.effect in ("allow", "label") or rule.mode != "enforce":
                     continue
                 globs = (rule.when.tool,) if isinstance(rule.when.tool, str) else rule.when.tool or ("*",)
                 reaching = [glob for glob in globs if any(c in glob for c in "*?[") and glob_reaches(glob, prefix)]
@@ -146,6 +153,16 @@ class Policy:
         except Exception as exc:  # fail closed
             return Decision("deny", "policy", f"the policy could not be evaluated ({exc!r})", None, self.revision)
         return None
+
+    def labels(self, document: dict[str, Any]) -> tuple[frozenset[str], tuple[str, ...]]:
+        """The labels the YAML label rules give this call (the tool's own are the caller's to add), and those
+        rules' ids. OPA gives none: a team that decides in Rego names a file of label rules with `--policy`."""
+        return self.rules.labels(document) if self.rules else (frozenset(), ())
+
+    def secrets_mode(self, document: dict[str, Any]) -> str | None:
+        """The strictest `secrets:` (block > redact > allow) of the YAML rules that match this call; None when
+        none says one (the tool's own, or the default, applies)."""
+        return self.rules.secrets_mode(document) if self.rules else None
 
     def denied_outright(self, document: dict[str, Any]) -> Decision | None:
         """The YAML rules' deny of a tool whatever its arguments (a rule testing none): such a tool is not even

@@ -8,6 +8,9 @@ was: an ask is an ask even when a person then approved it. Calls no policy
 decided (an invalid call, one the loop detector stopped, a definition change
 withheld) are counted and left out. OPA is not asked again: a deployment that
 decides with OPA replays its YAML candidate beside the recorded OPA outcome.
+The candidate's label rules add their labels to those recorded; the session
+is as it was recorded (what the earlier calls would have brought under the
+candidate is not replayed).
 
 The trail's policy input is redacted: a secret-named argument reads
 `[redacted]`, and a secret's text is erased from the argv and from every other
@@ -147,6 +150,8 @@ def replay_calls(records: Iterable[dict[str, Any]], candidate: Rules) -> Report:
                 report.skipped += 1
                 continue
             yolo = bool((document.get("mode") or {}).get("yolo"))
+            document = {**document, "labels": sorted({*(document.get("labels") or ()), *candidate.labels(document)[0]})}
+            record = {**record, "policy_input": document}
             redacted = Redacted.of(document)
             if redacted:
                 _replay_redacted(report, record, current, candidate, yolo, redacted, loop)

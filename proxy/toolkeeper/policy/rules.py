@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from toolkeeper.common import Strict, load_yaml_model, sha256_hex, shipped_file
+from toolkeeper.common import Strict
 from toolkeeper.policy.conditions import ArgvTest, Scope, ValueTest, dotted
 from toolkeeper.policy.decision import Decision, most_restrictive
+from toolkeeper.policy.flows import LabelsTest, SessionTest, flow, label_names, secrets_found, strictest
+from toolkeeper.policy.situation import AgentTest, PrincipalTest, TimeTest
 from toolkeeper.tools import Agent
 
 log = logging.getLogger("toolkeeper")
@@ -39,91 +40,6 @@ log = logging.getLogger("toolkeeper")
 
 class RulesError(Exception):
     """The rules file cannot be used; the message names the file, the rule and the key."""
-
-
-class AgentTest(Strict):
-    ids: tuple[str, ...] | None = None  # the short hashes of agents' credentials
-    header: ValueTest | None = None  # the identity header the deployment sets
-
-    def holds(self, agent: dict[str, Any]) -> bool:
-        if self.ids is not None and agent.get("id") not in self.ids:
-            return False
-        return self.header is None or self.header.holds(agent.get("header"), agent.get("header") is not None)
-
-
-class GroupsTest(Strict):
-    """Tests on the principal's groups (globs): `any` of them, `all` of them, `none` of them; a list is `any`."""
-
-    any: tuple[str, ...] | None = None
-    all: tuple[str, ...] | None = None
-    none: tuple[str, ...] | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _listed(cls, value: Any) -> Any:
-        return {"any": [value] if isinstance(value, str) else value} if isinstance(value, (str, list, tuple)) \
-            else value
-
-    def holds(self, groups: list[str]) -> bool:
-        def held(glob: str) -> bool:
-            return any(fnmatch.fnmatchcase(group, glob) for group in groups)
-
-        return ((self.any is None or any(held(glob) for glob in self.any))
-                and (self.all is None or all(held(glob) for glob in self.all))
-                and (self.none is None or not any(held(glob) for glob in self.none)))
-
-
-class PrincipalTest(Strict):
-    """Who the call is for (the policy input's `principal`): its user, groups, issuer, agent and chosen claims."""
-
-    user: ValueTest | None = None
-    agent: ValueTest | None = None
-    issuer: ValueTest | None = None
-    groups: GroupsTest | None = None
-    claims: dict[str, ValueTest] = Field(default_factory=dict)
-
-    def holds(self, principal: dict[str, Any]) -> bool:
-        for name in ("user", "agent", "issuer"):
-            test = getattr(self, name)
-            if test is not None and not _held(test, principal.get(name), principal.get(name) is not None):
-                return False
-        groups = principal.get("groups")
-        if self.groups is not None and not self.groups.holds(groups if isinstance(groups, list) else []):
-            return False
-        claims = principal.get("claims") or {}
-        return all(_held(test, claims.get(name), name in claims) for name, test in self.claims.items())
-
-
-def _held(test: ValueTest, value: Any, present: bool) -> bool:
-    """A principal's field no token or header gave is read as null, not skipped: `user: {not_equals: ada}` holds for
-    a call that names no user (a rule meant to stop everyone but Ada must stop the anonymous too); only `present:`
-    asks whether it was given."""
-    return test.holds(value, present if test.present is not None else True)
-
-
-class TimeTest(Strict):
-    weekdays: tuple[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"], ...] | None = None
-    hours: str | None = None  # "09-17": from 09:00 to 17:59, in the time zone of the request time
-
-    @field_validator("hours")
-    @classmethod
-    def _hours(cls, value: str | None) -> str | None:
-        if value is not None:
-            match = re.fullmatch(r"(\d{1,2})-(\d{1,2})", value)
-            if not match or int(match.group(1)) > 23 or int(match.group(2)) > 23:
-                raise ValueError('hours are a range like "09-17" (from 09:00 to 17:59)')
-        return value
-
-    def holds(self, request: dict[str, Any]) -> bool:
-        if self.weekdays is not None and request.get("weekday") not in self.weekdays:
-            return False
-        if self.hours is not None:
-            start, end = (int(part) for part in self.hours.split("-"))
-            hour = request.get("hour", -1)
-            inside = start <= hour <= end if start <= end else (hour >= start or hour <= end)
-            if not inside:
-                return False
-        return True
 
 
 def _globs(value: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
@@ -144,6 +60,24 @@ class When(Strict):
     agent: AgentTest | None = None
     principal: PrincipalTest | None = None
     time: TimeTest | None = None
+    labels: LabelsTest | None = None  # the call's own labels (its tool's, and the label rules')
+    session: SessionTest | None = None  # what its session has seen before it
+    secret: bool | None = None  # written `arguments: {secret: true}`: the scan found one in the arguments
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secret(cls, value: Any) -> Any:
+        """`arguments: {secret: true}` tests the scan of the arguments, not an argument named `secret` (that is
+        tested with a mapping: `secret: {present: true}`)."""
+        if not isinstance(value, dict):
+            return value
+        if "secret" in value:
+            raise ValueError("`secret:` is written under arguments: `arguments: {secret: true}`")
+        arguments = value.get("arguments")
+        if isinstance(arguments, dict) and isinstance(arguments.get("secret"), bool):
+            rest = {name: test for name, test in arguments.items() if name != "secret"}
+            return {**value, "arguments": rest, "secret": arguments["secret"]}
+        return value
 
     def holds(self, document: dict[str, Any], *, restricts: bool = False, notes: list[str] | None = None) -> bool:
         """Every condition holds. Arguments that are not an object (an agent's call whose arguments are not
@@ -177,9 +111,23 @@ class When(Strict):
             return False
         if self.time is not None and not self.time.holds(document.get("request") or {}):
             return False
+        if not self._flow_holds(document):
+            return False
         if notes is not None:
             notes.extend(scope.notes)
         return True
+
+    def _flow_holds(self, document: dict[str, Any]) -> bool:
+        if self.labels is not None and not self.labels.holds(document.get("labels") or []):
+            return False
+        if self.session is not None and not self.session.holds(document.get("session")):
+            return False
+        return self.secret is None or secrets_found(document) == self.secret
+
+    @property
+    def tests_arguments(self) -> bool:
+        """It reads what the call is given (its arguments, the secrets in them, its argv), not only its tool."""
+        return bool(self.arguments) or self.secret is not None or self.argv is not None
 
     def _arguments_hold(self, arguments: dict[str, Any], restricts: bool, scope: Scope) -> bool:
         for name, test in self.arguments.items():
@@ -200,20 +148,43 @@ def _outside_enums(test: ValueTest, parameters: list[Any]) -> bool:
 
 class Rule(Strict):
     id: str
-    effect: Literal["allow", "deny", "ask"]
+    effect: Literal["allow", "deny", "ask", "label"]  # label: never decides, only gives the call `labels`
     reason: str = ""
     when: When = Field(default_factory=When)
     mode: Literal["enforce", "shadow"] = "enforce"  # shadow: evaluated and recorded, never deciding
+    labels: tuple[str, ...] = ()  # effect label: the labels it gives the calls it matches
+    secrets: Literal["redact", "block", "allow"] | None = None  # a secret in a matching call's result
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels(cls, value: Any) -> Any:
+        return label_names([value] if isinstance(value, str) else value)
 
     @model_validator(mode="after")
     def _deny_says_why(self) -> Rule:
         if self.effect == "deny" and not self.reason.strip():
             raise ValueError("a deny rule needs a reason: the model reads it")
+        if self.effect == "label" and not self.labels and self.secrets is None:
+            raise ValueError("a label rule needs labels: [...] (or secrets:): what it gives the calls it matches")
+        if self.effect != "label" and self.labels:
+            raise ValueError("labels: is for effect: label; a rule that decides tests them with when: {labels: ...}")
+        if self.effect == "label" and (self.when.session is not None or self.when.secret is not None):
+            raise ValueError("a label rule cannot test session: or arguments: {secret: ...}: a call is labelled "
+                             "before its session is read and its arguments scanned")
+        if self.effect == "label" and self.mode == "shadow":
+            raise ValueError("a label rule cannot be a shadow rule: it decides nothing, and the labels it gives "
+                             "change what the session's later calls are decided")
         return self
 
 
 class RulesFile(Strict):
+    include: tuple[str, ...] = ()  # other rule files, relative to this one (or toolkeeper:NAME, one it ships)
     rules: tuple[Rule, ...] = ()
+
+    @field_validator("include", mode="before")
+    @classmethod
+    def _one(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _unique_ids(self) -> RulesFile:
@@ -252,8 +223,8 @@ class Rules:
         the tool is withheld whole)."""
         found = []
         for rule in self.rules:
-            if rule.when.source == "hosted" and rule.when.arguments and rule.effect != "allow" \
-                    and rule.mode == "enforce":
+            if rule.when.source == "hosted" and (rule.when.arguments or rule.when.secret is not None) \
+                    and rule.effect in ("deny", "ask") and rule.mode == "enforce":
                 found.append(("R004", rule.id, f"rule {rule.id!r} tests the arguments of a tool the model server "
                               "runs, which are not known when the tool is offered: it withholds the tool whole, "
                               "whatever the arguments would have been"))
@@ -286,7 +257,7 @@ class Rules:
         without knowing (a command it could not resolve)."""
         found = []
         for rule in self.rules:
-            if (rule.mode == "shadow") != shadow:
+            if (rule.mode == "shadow") != shadow or rule.effect == "label":
                 continue
             said: list[str] = []
             if rule.when.holds(document, restricts=rule.effect != "allow", notes=said):
@@ -298,9 +269,9 @@ class Rules:
     def outright(self, document: dict[str, Any]) -> Decision | None:
         """The deny of a rule that matches this tool without testing its arguments or argv; None when none does."""
         for rule in self.rules:
-            if rule.effect == "deny" and rule.mode == "enforce" and not rule.when.arguments \
-                    and rule.when.argv is None and rule.when.holds(document, restricts=True):
-                return Decision("deny", "rules", rule.reason, rule.id, self.revision)
+            if rule.effect == "deny" and rule.mode == "enforce" and not rule.when.tests_arguments \
+                    and rule.when.holds(document, restricts=True):
+                return self._decision(rule, document, None)
         return None
 
     def decide(self, document: dict[str, Any]) -> Decision | None:
@@ -314,8 +285,54 @@ class Rules:
             return None
         # among rules of one effect, one that matched outright says why before one that matched for want of knowing
         matched.sort(key=lambda rule: bool(notes.get(rule.id)))
-        decisions = [Decision(r.effect, "rules", _reason(r, notes.get(r.id)), r.id, self.revision) for r in matched]
-        return most_restrictive(*decisions)
+        return most_restrictive(*(self._decision(rule, document, notes.get(rule.id)) for rule in matched))
+
+    def _decision(self, rule: Rule, document: dict[str, Any], notes: list[str] | None) -> Decision:
+        """A matching rule's decision; one that tests the session carries the flow that led to it, in its
+        reason too (the model, and the person asked, read why a call alone allowed every day is stopped here)."""
+        ids, words = flow(rule.when.session, document) if rule.when.session is not None else ((), "")
+        reason = rule.reason or f"rule {rule.id}"
+        return Decision(rule.effect, "rules", _reason(reason, [words] if words else [], notes), rule.id,
+                        self.revision, flow=ids)
+
+    def labelling(self, document: dict[str, Any]) -> list[Rule]:
+        """The label rules that match this call, as a rule that restricts matches (a command toolkeeper cannot
+        read has every label a rule could have given it). One that cannot be evaluated counts as matching: its
+        labels only ever make a later call more likely to be asked."""
+        found = []
+        for rule in self.rules:
+            if rule.effect != "label":
+                continue
+            try:
+                matched = rule.when.holds(document, restricts=True)
+            except Exception:
+                log.exception("label rule %s could not be evaluated: its labels are given", rule.id)
+                matched = True
+            if matched:
+                found.append(rule)
+        return found
+
+    def labels(self, document: dict[str, Any]) -> tuple[frozenset[str], tuple[str, ...]]:
+        """The labels the label rules give this call, and those rules' ids."""
+        matched = [rule for rule in self.labelling(document) if rule.labels]
+        return frozenset(label for rule in matched for label in rule.labels), tuple(rule.id for rule in matched)
+
+    def secrets_mode(self, document: dict[str, Any]) -> str | None:
+        """The strictest `secrets:` of the rules in force that match this call (block > redact > allow); None
+        when none says one. One that cannot be evaluated counts as `block`."""
+        modes = []
+        for rule in self.rules:
+            if rule.secrets is None or rule.mode != "enforce":
+                continue
+            try:
+                matched = rule.when.holds(document, restricts=rule.effect != "allow")
+            except Exception:
+                log.exception("rule %s could not be evaluated: a secret in the result is withheld", rule.id)
+                modes.append("block")
+                continue
+            if matched:
+                modes.append(rule.secrets)
+        return strictest(modes)
 
     def shadow(self, document: dict[str, Any]) -> tuple[dict[str, str], ...]:
         """What each shadow rule that matches would have done: [{rule, effect}]. They never decide, so one that
@@ -329,29 +346,9 @@ class Rules:
             return ()
 
 
-def _reason(rule: Rule, notes: list[str] | None) -> str:
-    reason = rule.reason or f"rule {rule.id}"
-    return f"{reason} ({'; '.join(dict.fromkeys(notes))})" if notes else reason
-
-
-def default_rules_path() -> Path:
-    """The shipped default policy: policies/ in a checkout, toolkeeper/_policies/ in a wheel."""
-    path = shipped_file("policies/default.yaml", "_policies/default.yaml")
-    if path is None:
-        raise RulesError("the default policy (policies/default.yaml) is not installed")
-    return path
-
-
-def load_rules(path: str | Path) -> Rules:
-    path = Path(path).resolve()
-    parsed, text, _ = load_yaml_model(path, RulesFile, RulesError, what="the rules file",
-                                      entries="rules", entry="rule", name_key="id")
-    return Rules(path, parsed, sha256_hex(text)[:12])
-
-
-def rules_in_force(policy: str | None, opa_url: str | None = None) -> Rules | None:
-    """The YAML rules that decide, as `serve` and `policy explain` read `--policy`: the shipped default unless
-    it names a file; none for `none`, and none beside OPA unless one is named."""
-    if policy == "none" or (opa_url and not policy):
-        return None
-    return load_rules(policy or default_rules_path())
+def _reason(reason: str, *notes: list[str] | None) -> str:
+    """The rule's reason, then what led to it, each in parentheses: the flow, then what could not be read."""
+    for said in notes:
+        if said:
+            reason += f" ({'; '.join(dict.fromkeys(said))})"
+    return reason

@@ -25,6 +25,9 @@ request it fits, so a script whose steps all repeat serves any number of clients
 In `content`, `{tool_result}` is replaced by the last tool message the request
 carried, so a scripted answer can quote what a tool printed.
 
+Canaries: a request that holds a secret a test planted (`POST /_canaries`, or
+TOOLKEEPER_SCRIPTED_CANARIES) is refused with a 400 naming it (canaries.py).
+
 Quirks: args_one_chunk, split_escape (arguments in 1-3 character pieces, inside
 escapes too), byte_drip (the body written a few bytes at a time, splitting
 multi-byte characters), args_object (llama.cpp), no_ids, empty_ids, int_ids
@@ -45,6 +48,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from toolkeeper.scripted.canaries import Canaries
 from toolkeeper.scripted.chat import MODEL, ChatAnswer
 from toolkeeper.scripted.messages import MessagesScript
 from toolkeeper.scripted.messages import check as check_messages
@@ -61,6 +65,7 @@ class ScriptedModel:
         self._ids = itertools.count(1)
         self.responses_script = ResponsesScript()
         self.messages_script = MessagesScript()
+        self.canaries = Canaries.from_environment()  # secrets no request may hold (canaries.py)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -72,6 +77,7 @@ class ScriptedModel:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_post("/_script", self.set_script)
+        app.router.add_post("/_canaries", self.set_canaries)
         app.router.add_get("/_requests", self.get_requests)
         app.router.add_route("*", "/{tail:.*}", self.unknown)
         return app
@@ -109,6 +115,21 @@ class ScriptedModel:
             self.requests = []
         return web.json_response({"steps": len(self.steps)})
 
+    async def set_canaries(self, request: web.Request) -> web.Response:
+        data = orjson.loads(await request.read())
+        self.canaries.plant(data.get("canaries") or {}, append=bool(data.get("append")))
+        return web.json_response({"canaries": sorted(self.canaries.planted)})
+
+    def _leaked(self, body: Any, api: str, request: web.Request) -> web.Response | None:
+        """A request holding a canary: recorded, and refused in its API's shape (canaries.py)."""
+        name = self.canaries.leaked(body)
+        if name is None:
+            return None
+        self.requests.append({"body": body, "headers": {str(k): v for k, v in request.headers.items()},
+                              "canary": name})
+        print(f"scripted model: a request to {request.path} holds the canary {name!r}", file=sys.stderr, flush=True)
+        return web.json_response(self.canaries.refusal(name, api), status=400)
+
     async def get_requests(self, request: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(self.requests), content_type="application/json")
 
@@ -132,12 +153,18 @@ class ScriptedModel:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = orjson.loads(await request.read())
+        refused = self._leaked(body, "chat", request)
+        if refused is not None:
+            return refused
         return web.json_response({"object": "list", "model": body.get("model", MODEL), "data": [
             {"object": "embedding", "index": 0, "embedding": [0.25, -0.5, 0.125]}],
             "usage": {"prompt_tokens": 3, "total_tokens": 3}})
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
+        refused = self._leaked(body, "responses", request)
+        if refused is not None:
+            return refused
         self.requests.append({"body": body, "headers": {str(k): v for k, v in request.headers.items()}})
         try:
             context = self.responses_script.context(body)
@@ -167,6 +194,9 @@ class ScriptedModel:
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
+        refused = self._leaked(body, "messages", request)
+        if refused is not None:
+            return refused
         self.requests.append({"body": body, "headers": {str(k): v for k, v in request.headers.items()},
                               "query": request.query_string})
         try:
@@ -187,11 +217,17 @@ class ScriptedModel:
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         body = orjson.loads(await request.read())
+        refused = self._leaked(body, "messages", request)
+        if refused is not None:
+            return refused
         return web.json_response({"input_tokens": 10 * len(body.get("messages") or []) + 100 * len(
             body.get("tools") or []), "tools_seen": [t.get("name") for t in body.get("tools") or []]})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
+        refused = self._leaked(body, "chat", request)
+        if refused is not None:
+            return refused
         self.requests.append({"body": body, "headers": {str(k): v for k, v in request.headers.items()}})
         if not self.steps:
             return web.json_response({"error": {"message": f"the scripted model has no more responses{KEEP_ANSWERING}",

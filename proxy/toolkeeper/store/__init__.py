@@ -1,4 +1,5 @@
-"""The store: what toolkeeper remembers between requests (hidden history, links, the retry memo, approvals).
+"""The store: what toolkeeper remembers between requests (hidden history, links, the retry memo, approvals,
+sessions).
 
 One interface, `SQLStore`, over two databases: SQLite next to the agent file
 (the default, shared by the workers of one machine) and PostgreSQL
@@ -14,6 +15,7 @@ from toolkeeper.database import is_postgres_url
 from toolkeeper.store.base import LEASE, Claim, SQLStore, StoreError, new_id
 from toolkeeper.store.pins import definition_digest
 from toolkeeper.store.schema import VERSION, SchemaError
+from toolkeeper.store.sessions import SEEN_KEPT, empty_session
 from toolkeeper.store.sqlite import SQLiteStore
 
 Store = SQLStore
@@ -28,5 +30,5 @@ def open_store(location: str | Path) -> SQLStore:
     return SQLiteStore(location)
 
 
-__all__ = ["LEASE", "VERSION", "Claim", "SQLStore", "SQLiteStore", "SchemaError", "Store", "StoreError",
-           "definition_digest", "new_id", "open_store"]
+__all__ = ["LEASE", "SEEN_KEPT", "VERSION", "Claim", "SQLStore", "SQLiteStore", "SchemaError", "Store", "StoreError",
+           "definition_digest", "empty_session", "new_id", "open_store"]

@@ -10,7 +10,8 @@
   process waits for the result; a lease not renewed (its process died) lapses
   within `LEASE` seconds and the retry runs the call;
 - approvals and always grants, with a wake-up when one is answered (at once in
-  this process; through the database for the others).
+  this process; through the database for the others);
+- the agents' sessions: the labels each conversation's calls brought (sessions.py).
 
 `SQLStore` holds every statement; a dialect (sqlite.py, postgres.py) says how
 to run one. The statements use `?` and portable SQL (ON CONFLICT, RETURNING).
@@ -32,6 +33,8 @@ import orjson
 
 from toolkeeper.store.people import PeopleSessions
 from toolkeeper.store.pins import Pins
+from toolkeeper.store.sessions import PURGE as SESSIONS_PURGE
+from toolkeeper.store.sessions import Sessions
 
 log = logging.getLogger("toolkeeper")
 
@@ -101,7 +104,7 @@ class Tokens:
                                    (self.now(), name)) == 1
 
 
-class SQLStore(Tokens, Pins, PeopleSessions):
+class SQLStore(Tokens, Pins, PeopleSessions, Sessions):
     """Every operation, as SQL; the dialects implement `_fetch`, `_execute` and `_atomic`."""
 
     location = ""
@@ -240,6 +243,7 @@ class SQLStore(Tokens, Pins, PeopleSessions):
             ("DELETE FROM links WHERE expires <= ?", (now - 86400,)),  # a day to be taken
             ("DELETE FROM console_sessions WHERE expires <= ?", (now,)),
             ("DELETE FROM console_sign_ins WHERE expires <= ?", (now,)),
+            *((statement, (now,)) for statement in SESSIONS_PURGE),
         ])
 
     # -- approvals ------------------------------------------------------------------------

@@ -109,6 +109,23 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE approvals ADD COLUMN approver_identity {blob}",  # who answered, as the provider vouched
         "ALTER TABLE always_grants ADD COLUMN approver_identity {blob}",
     ),
+    # 7: the agents' sessions (sessions.py): the calls decided in each, and the labels they brought
+    (
+        """CREATE TABLE IF NOT EXISTS flow_sessions (
+            id TEXT PRIMARY KEY,        -- a hash the door makes: tenant and conversation, hook or MCP session
+            calls INTEGER NOT NULL,     -- calls decided in it
+            started {real} NOT NULL,    -- when it began (again, if it had lapsed): older labels are not its own
+            expires {real} NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS flow_sessions_expires ON flow_sessions (expires)",
+        """CREATE TABLE IF NOT EXISTS flow_labels (
+            session TEXT NOT NULL,
+            label TEXT NOT NULL,
+            record_id TEXT NOT NULL,    -- the call that brought it, in the audit trail
+            tool TEXT NOT NULL,
+            time TEXT NOT NULL,         -- the call's, as the policy input shows it
+            added {real} NOT NULL,
+            PRIMARY KEY (session, label, record_id))""",
+    ),
 )
 VERSION = len(MIGRATIONS)
 

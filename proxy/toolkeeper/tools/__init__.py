@@ -38,6 +38,7 @@ from toolkeeper.tools.discovery import (
     not_found_yet_answer,
     search_answer,
 )
+from toolkeeper.tools.labels import KNOWN_LABELS, LABEL, McpToolSettings, SecretsMode, checked_labels
 from toolkeeper.tools.lint import Finding, lint_agent
 from toolkeeper.tools.mcpservers import PROXIED_PREFIX, McpServerSpec, McpTarget, OAuthClient
 from toolkeeper.tools.schemas import mcp_tool, tool_schema
@@ -45,6 +46,8 @@ from toolkeeper.tools.templates import CommandTemplate, RenderError, TemplateErr
 
 __all__ = [
     "DEFAULT_RESERVED_NAMES",
+    "KNOWN_LABELS",
+    "LABEL",
     "PROXIED_PREFIX",
     "SEARCH_BUDGET",
     "SEARCH_SCHEMA",
@@ -59,11 +62,13 @@ __all__ = [
     "Finding",
     "McpServerSpec",
     "McpTarget",
+    "McpToolSettings",
     "ModuleCache",
     "MountedDir",
     "OAuthClient",
     "Parameter",
     "RenderError",
+    "SecretsMode",
     "TemplateError",
     "ToolIndex",
     "ToolSpec",
@@ -72,6 +77,7 @@ __all__ = [
     "budget_answer",
     "check_arguments",
     "check_call",
+    "checked_labels",
     "compiled_modules",
     "invalid_call_answer",
     "lint_agent",

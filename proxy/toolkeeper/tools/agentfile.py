@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from toolkeeper.common import Strict, load_yaml_model, regex, sha256_hex
+from toolkeeper.tools.labels import Labels, SecretsMode
 from toolkeeper.tools.mcpservers import PROXIED_NAMES, PROXIED_PREFIX, McpServerSpec, McpTarget
 from toolkeeper.tools.templates import CommandTemplate, TemplateError
 
@@ -130,6 +131,8 @@ class ToolSpec(Strict):
     tier: Literal["gated", "silent"] = "gated"
     visibility: Literal["inline", "discoverable"] = "inline"
     keywords: tuple[str, ...] = ()
+    labels: Labels = ()  # what its calls bring into a session (untrusted, private, egress, a team's own)
+    secrets: SecretsMode = "redact"  # what becomes of a secret found in its result before the model reads it
     max_output: int = Field(default=DEFAULT_MAX_OUTPUT, ge=256, le=16 * 1024 * 1024)
     # wasm-only keys, accepted here so the file format is stable
     memory: int | None = Field(default=None, gt=0, le=4096)

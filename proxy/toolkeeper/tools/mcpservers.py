@@ -29,6 +29,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from toolkeeper.common import Strict
+from toolkeeper.tools.labels import Labels, McpToolSettings, SecretsMode
 
 # No "__" inside, and no "_" at its end: `mcp__<server>__<tool>` is split at the first "__" after the prefix, so a
 # server `fake_` would make `mcp__fake___x` read as server `fake`, tool `_x`.
@@ -109,6 +110,9 @@ class McpServerSpec(Strict):
     timeout: float = Field(default=60, gt=0, le=24 * 3600)  # seconds a call may take before it is abandoned
     tier: Literal["gated", "silent"] = "gated"  # as a declared tool's: gated calls ask unless yolo or a rule allows
     auth: McpServerAuth | None = None  # OAuth: a token fetched for this server (url: servers only)
+    labels: Labels = ()  # every tool of the server's (labels.py)
+    secrets: SecretsMode = "redact"  # a secret in a tool's result, unless the tool says otherwise
+    tools: dict[str, McpToolSettings] = Field(default_factory=dict)  # by the server's own name of the tool
 
     @field_validator("name")
     @classmethod
@@ -141,6 +145,15 @@ class McpServerSpec(Strict):
     def proxied_name(self, tool: str) -> str:
         """The name its tool is served and ruled by, as Claude Code names MCP tools."""
         return f"{PROXIED_PREFIX}{self.name}__{tool}"
+
+    def labels_of(self, tool: str) -> tuple[str, ...]:
+        """A tool's labels: the server's, and the tool's own."""
+        own = self.tools.get(tool)
+        return tuple(sorted({*self.labels, *own.labels})) if own is not None else self.labels
+
+    def secrets_of(self, tool: str) -> SecretsMode:
+        own = self.tools.get(tool)
+        return own.secrets if own is not None and own.secrets is not None else self.secrets
 
     def resolved_headers(self) -> dict[str, str]:
         """The headers with `${VAR}` taken from the environment; a missing variable is an error, not an empty

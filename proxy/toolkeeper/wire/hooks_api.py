@@ -21,7 +21,7 @@ import orjson
 from aiohttp import web
 
 from toolkeeper.common import digest, is_loopback, printable
-from toolkeeper.engine import HookCalls, ToolCall, TurnContext
+from toolkeeper.engine import HookCalls, ToolCall, TurnContext, door_session
 from toolkeeper.wire.guard import AgentKeys
 from toolkeeper.wire.hooks import HOOK_AGENTS, HOOK_AGENTS_THAT_ASK, HookFormatError, read_event
 
@@ -54,8 +54,10 @@ class HooksEndpoint:
         # a call's pre and post events pair within one tenant: the agent's, and the user's (a token names the agent
         # by its client, which every user of that client shares: one user must not complete another's call)
         whose = (who.issuer or "", who.user) if who is not None and who.user else ()
+        tenant = digest(agent, kind, event.session, *whose)
+        # the agent's own session is the flow's (an agent that names none: one session for all its calls)
         turn = TurnContext(request_id=secrets.token_hex(8), agent=agent, api="hook", workdir=event.cwd,
-                           tenant=digest(agent, kind, event.session, *whose),
+                           tenant=tenant, session=door_session("hook", tenant),
                            agent_header=request.headers.get(self.identity_header) if self.identity_header else None,
                            principal=who.document() if who is not None else None)
         if event.phase == "post":

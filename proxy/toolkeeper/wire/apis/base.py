@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 
 from toolkeeper.common import dumps
-from toolkeeper.engine import Engine, Event, TurnContext, TurnResult, Visible, Working
+from toolkeeper.engine import Engine, Event, TurnContext, TurnResult, Visible, Working, conversation_session
 from toolkeeper.metrics import Metrics
 from toolkeeper.store import StoreError
 from toolkeeper.tracing import RequestTrace, Tracing
@@ -209,7 +209,9 @@ class AgentAPI:
                 kept.append(entry)
         return kept
 
-    def context(self, request: web.Request, raw: bytes) -> TurnContext:
+    def context(self, request: web.Request, raw: bytes, conversation: Any = None) -> TurnContext:
+        """Who asks; `conversation`: the request's messages in neutral form, whose opening names its session
+        (engine/flows.py). Without them (a Responses chain), the adapter names the session itself."""
         tenant = credentials_hash(request)
         return TurnContext(
             request_id=request.headers.get("X-Request-Id") or request_id(),
@@ -221,6 +223,7 @@ class AgentAPI:
             subject_token=request.get(SUBJECT_TOKEN),  # for an MCP server that exchanges it; never sent on as is
             api=self.api,
             trace=request.get(TRACE),
+            session=conversation_session(tenant, conversation) if conversation is not None else "",
         )
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import secrets
 import weakref
 from collections import OrderedDict
 from typing import Any
 
 from toolkeeper.common import printable
-from toolkeeper.engine import McpDoor, McpSession
+from toolkeeper.engine import McpDoor, McpSession, door_session
 from toolkeeper.policy import Consent, ConsentAnswer, ConsentRequest
 from toolkeeper.tracing import TRACE_HEADERS, Tracing
 
@@ -142,10 +143,25 @@ def _new_session(ctx: Any, configured: Consent, types: Any) -> McpSession:
     agent = scope.get(AGENT_SCOPE_KEY)
     params = getattr(ctx.session, "client_params", None)
     client_name = getattr(getattr(params, "client_info", None), "name", None) or "mcp-client"
-    session = McpSession(agent=agent or printable(client_name)[:64], agent_header=scope.get(AGENT_HEADER_SCOPE_KEY))
+    session = McpSession(agent=agent or printable(client_name)[:64], agent_header=scope.get(AGENT_HEADER_SCOPE_KEY),
+                         session=_flow_session(request, scope))
     if not configured.can_ask and _declares_elicitation(ctx.session, types):
         session.consent = ElicitationConsent(ctx.session, printable(client_name)[:64], getattr(ctx, "request_id", None))
     return session
+
+
+def _flow_session(request: Any, scope: dict[str, Any]) -> str:
+    """The session its calls are decided in (engine/flows.py): over HTTP, the MCP session with whose it is (the
+    credential that opened it, as the SDK's `user` holds it); a client that opened none shares one with every
+    other of that credential. Over stdio, the process's one client."""
+    if request is None:
+        return door_session("mcp-stdio", secrets.token_hex(16))
+    user = scope.get("user")
+    token = getattr(user, "access_token", None)
+    owner = (str(scope.get(AGENT_SCOPE_KEY) or ""), str(getattr(token, "client_id", "")),
+             str(getattr(token, "subject", "") or ""), str((getattr(token, "claims", None) or {}).get("iss", "")))
+    headers = getattr(request, "headers", None) or {}
+    return door_session("mcp", *owner, headers.get(SESSION_HEADER) or "")
 
 
 def _declares_elicitation(server_session: Any, types: Any) -> bool:

@@ -3,7 +3,8 @@
     GET  /toolkeeper/audit                   calls, newest first, 50 a page (keyset: ?before=N / ?after=N)
     GET  /toolkeeper/audit/export            the current filter as JSONL or CSV (?format=jsonl|csv)
     POST /toolkeeper/audit/verify            walks the chain now and says what it found
-    GET  /toolkeeper/audit/{id}              one call in full, with the other calls of its request
+    GET  /toolkeeper/audit/{id}              one call in full, with the other calls of its request and the
+                                             calls of its session that led to its decision (its flow)
 
 Filters: time range (since/until, or a preset), tool, status, source
 (declared or the agent's own), decision source, rule, approver, agent,
@@ -18,6 +19,7 @@ import asyncio
 import re
 import time
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -32,6 +34,7 @@ TEXTS = ("agent", "user", "search", "request_id")  # typed: a trail's users may 
 EXPORTS = {"jsonl": "application/x-ndjson", "csv": "text/csv"}
 CHOICES_FOR = 10.0
 MAX_CHOICES = 500  # a list longer than this is no help: type in the search instead
+FLOW_SHOWN = 20  # the calls of a flow a call's page lists
 
 
 def typed_time(text: str) -> float | None:
@@ -223,6 +226,7 @@ class TrailPages:
             field("argv", record.argv),
             field("decision", f"{record.decision} by {_decided_by(record)}" if record.decision else ""),
             field("reason", record.decision_reason), field("policy revision", record.policy_revision),
+            field("labels", ", ".join(record.labels)), field("session", record.session),
             field("shadow rules", "; ".join(f"{s.get('rule')} would {s.get('effect')}" for s in record.shadow)),
             field("approver", record.approver), field("approver identity", _approver_identity(record)),
             field("waited for the answer", f"{record.waited_ms / 1000:.1f} s" if record.waited_ms else ""),
@@ -239,4 +243,19 @@ class TrailPages:
         same = (f"<h2>Other calls of the same request</h2><ul id=siblings>{others}</ul>"
                 f"<p><a href='{link('/audit', {'request_id': record.request_id})}'>all of them in the list</a></p>"
                 if others else "")
-        return page(request, f"{record.tool} {record.status}", f"<dl>{fields}</dl>{same}")
+        return page(request, f"{record.tool} {record.status}", f"<dl>{fields}</dl>{await self._flow(record)}{same}")
+
+    async def _flow(self, record: AuditEntry) -> str:
+        """The calls whose labels a rule on the session read to decide this one, each linked (one the trail no
+        longer holds is named by its id; an id OPA named is quoted: the trail did not make it)."""
+        if not record.flow:
+            return ""
+        shown = record.flow[:FLOW_SHOWN]
+        found = await asyncio.to_thread(lambda: [self.audit.record(rid) for rid in shown])
+        items = "".join(
+            f"<li class=flow><a href='{link('/audit/' + quote(rid, safe=''))}'>{show(call.tool if call else rid)}</a>"
+            + (f" <small>{show(', '.join(call.labels))}, {show(when(call.time))}</small>" if call else "") + "</li>"
+            for rid, call in zip(shown, found, strict=True))
+        more = len(record.flow) - len(shown)
+        return (f"<h2>The calls of its session that led to this decision</h2><ul id=flow>{items}</ul>"
+                + (f"<p><small>and {more} more</small></p>" if more else ""))

@@ -15,6 +15,7 @@ from aiohttp import web
 from toolkeeper.wire.apis.base import AgentAPI, Field, field_problem, first_problem
 from toolkeeper.wire.apis.chat.model import ChatModel
 from toolkeeper.wire.apis.chat.writer import StreamWriter, whole_response
+from toolkeeper.wire.apis.results import guard_results
 from toolkeeper.wire.upstream import upstream_for
 
 
@@ -97,7 +98,7 @@ class ChatCompletions(AgentAPI):
         if isinstance(body.get("n"), int) and body["n"] > 1 and (self.engine.active_tools(body) or body.get("tools")):
             return self.refuse("n > 1 cannot be combined with tools: every call is decided and recorded, and "
                                "only the first choice is; send n = 1", "n_not_supported")
-        context = self.context(request, raw)
+        context = self.context(request, raw, body["messages"])
         options = body.get("web_search_options")  # a search model's web search, run by the model server
         if options is not None and not await self.engine.hosted.offer("web_search", "web_search_options", options,
                                                                        context):
@@ -105,6 +106,9 @@ class ChatCompletions(AgentAPI):
                                "request asks it to (web_search_options): recorded, not sent", "hosted_tool_denied",
                                status=403)
         model = ChatModel(upstream_for(request, self.upstream), request.headers, request.query_string)
+        messages = guard_results(self.engine, body["messages"], context)  # no secret of a result goes upstream
+        if messages is not body["messages"]:
+            body = {**body, "messages": messages}
         events = self.engine.run(body, model, context)
         if body.get("stream"):
             return await StreamWriter(request, body, self.keepalive).relay(events)

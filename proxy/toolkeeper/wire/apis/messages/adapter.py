@@ -15,6 +15,7 @@ from aiohttp import web
 from toolkeeper.engine import TurnContext
 from toolkeeper.wire.apis.base import AgentAPI
 from toolkeeper.wire.apis.messages.items import (
+    BLOCKS,
     anthropic_tool,
     check_request,
     hosted_tool,
@@ -26,6 +27,7 @@ from toolkeeper.wire.apis.messages.items import (
 from toolkeeper.wire.apis.messages.model import MessagesModel
 from toolkeeper.wire.apis.messages.writer import MessagesWriter, final_message
 from toolkeeper.wire.apis.relay import whole_output
+from toolkeeper.wire.apis.results import guard_results
 from toolkeeper.wire.errors import ANTHROPIC
 from toolkeeper.wire.upstream import upstream_for
 
@@ -81,7 +83,8 @@ class MessagesAPI(AgentAPI):
     check = staticmethod(check_request)
 
     async def answer(self, request: web.Request, body: Any, raw: bytes) -> web.StreamResponse:
-        context = self.context(request, raw)
+        messages = messages_from_anthropic(body["messages"])
+        context = self.context(request, raw, messages)
         toolsets = [tool for tool in body.get("tools") or [] if is_mcp_toolset(tool)]
         if toolsets:  # the connector's current form: each server's tools governed in its toolset, by name
             governed = {id(toolset): await self._governed_toolset(toolset, context) for toolset in toolsets}
@@ -94,7 +97,7 @@ class MessagesAPI(AgentAPI):
             kept = [server if isinstance(server, dict) and server.get("name") in in_toolsets
                     else await self._connector_server(server, context) for server in body["mcp_servers"]]
             body = {**body, "mcp_servers": [server for server in kept if server is not None]}
-        neutral: dict[str, Any] = {"messages": messages_from_anthropic(body["messages"])}
+        neutral: dict[str, Any] = {"messages": guard_results(self.engine, messages, context, original=BLOCKS)}
         if "tools" in body:
             neutral["tools"] = body["tools"]
         if "tool_choice" in body:

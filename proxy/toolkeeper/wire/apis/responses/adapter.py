@@ -15,10 +15,12 @@ History, both ways the API keeps it:
   agent's next `previous_response_id` is mapped through that link (model.py
   chains the rounds, `keep` stores the link).
 
+Every id the agent receives that a request can name again (not `store:
+false`) is linked, most to themselves, with the session of its conversation
+(engine/flows.py): a chain keeps one session however many requests it takes.
 When the model server cannot tell one tenant from another (toolkeeper holds
-its key), every id the agent receives is linked, most to themselves, so that
-the link says whose it is, and an id another tenant names is refused
-(owners.py).
+its key), the link also says whose the id is, and an id another tenant names
+is refused (owners.py).
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from typing import Any
 from aiohttp import web
 
 from toolkeeper.common import digest, dumps
-from toolkeeper.engine import TurnResult
+from toolkeeper.engine import TurnResult, conversation_session, door_session
 from toolkeeper.store import Store, StoreError
 from toolkeeper.wire.apis.base import AgentAPI, credentials_hash
 from toolkeeper.wire.apis.relay import whole_output
 from toolkeeper.wire.apis.responses.items import (
+    ITEMS,
     check_request,
     hosted_tool,
     input_from_messages,
@@ -50,6 +53,7 @@ from toolkeeper.wire.apis.responses.owners import (
     shared_key,
 )
 from toolkeeper.wire.apis.responses.writer import ResponsesWriter, final_response
+from toolkeeper.wire.apis.results import guard_results
 from toolkeeper.wire.errors import store_unavailable
 from toolkeeper.wire.upstream import upstream_for
 
@@ -75,17 +79,18 @@ class ResponsesAPI(AgentAPI):
         context = self.context(request, raw)
         guarded = self.guards(request)
         try:
-            followed = await self._follow_link(context.tenant, body, guarded)
+            followed, session, linked = await self._follow_link(context.tenant, body, guarded)
             if followed is None:  # before anything is recorded of the turn: no hosted tool's offer either
                 return previous_not_found(body["previous_response_id"])
             body = followed
+            messages = messages_from_input(body["input"], await self._referenced(context.tenant, body["input"]))
+            context.session = session or conversation_session(context.tenant, messages)
             if isinstance(body.get("tools"), list):
                 body = {**body, "tools": await self.offered(body["tools"], hosted_tool, context)}
-            referenced = await self._referenced(context.tenant, body["input"])
         except StoreError as exc:
             return self.errors.response(store_unavailable(exc))
-        neutral = {"messages": messages_from_input(body["input"], referenced),
-                   **{key: body[key] for key in ENGINE_KEYS if key in body}}
+        messages = guard_results(self.engine, messages, context, original=ITEMS, field="output")  # no secret goes up
+        neutral = {"messages": messages, **{key: body[key] for key in ENGINE_KEYS if key in body}}
         mcp_servers: dict[str, dict[str, Any]] = {}
         if isinstance(neutral.get("tools"), list):  # a hosted MCP server asks before each call, so the rules decide
             neutral["tools"], mcp_servers = forced_approvals(neutral["tools"])
@@ -93,12 +98,16 @@ class ResponsesAPI(AgentAPI):
                                mcp_servers=mcp_servers)
         events = self.engine.run(neutral, model, context)
 
-        # whose the id is, when the server cannot say: unless the server keeps no response (`store: false`)
-        claimed = guarded and body.get("store") is not False
+        # the id is linked unless the server keeps no response (`store: false`): then no request can name it.
+        # Linked to itself when the server cannot say whose it is, or to keep a session that holds something: one
+        # the chain already had, or in which this turn decided a call (a session of nothing needs no keeping)
+        kept = body.get("store") is not False
+        claimed = guarded and kept
 
         async def keep(result: TurnResult, final: dict[str, Any] | None) -> None:
+            session = context.session if kept and (linked or context.session_calls) else None
             try:
-                await self._link(context.tenant, result, final, claimed)
+                await self._link(context.tenant, result, final, session, claimed)
                 if result.exchange and final is not None and body.get("store") is not False:
                     await self._remember_items(context.tenant, final["output"])
             except StoreError as exc:  # the agent has its answer; a later reference to it will miss
@@ -112,18 +121,23 @@ class ResponsesAPI(AgentAPI):
 
     # -- previous_response_id across hidden rounds ------------------------------------
 
-    async def _follow_link(self, tenant: str, body: dict[str, Any], guarded: bool) -> dict[str, Any] | None:
+    async def _follow_link(self, tenant: str, body: dict[str, Any],
+                           guarded: bool) -> tuple[dict[str, Any] | None, str, bool]:
         """The agent's previous_response_id, mapped to the last upstream response of that turn; the declared
         results that response still owes go first in the input. None: an id not this tenant's (`guarded`: the
-        model server cannot tell)."""
+        model server cannot tell). With it, the session the chain is in ("" when the request holds its whole
+        conversation, whose opening names it), and whether a link kept it."""
         previous = body.get("previous_response_id")
         link = await self.store.get_link(digest(tenant, "response", previous)) if isinstance(previous, str) else None
         if link is None:
-            return None if guarded and isinstance(previous, str) else body
+            if isinstance(previous, str):  # a chain of no call yet, begun elsewhere, or whose link expired
+                return (None if guarded else body), door_session("response", tenant, previous), False
+            return body, _conversation(tenant, body.get("conversation")), False
+        session = link.get("session") or door_session("response", tenant, str(previous))
         if link["last"] == previous and not link["owed"]:
-            return body  # an id that stands for itself: only whose it is was recorded
+            return body, session, bool(link.get("session"))  # an id that stands for itself: whose, and its session
         given = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
-        return {**body, "previous_response_id": link["last"], "input": [*link["owed"], *given]}
+        return {**body, "previous_response_id": link["last"], "input": [*link["owed"], *given]}, session, True
 
     async def _referenced(self, tenant: str, given: Any) -> dict[str, dict[str, Any]]:
         """The items the agent's `item_reference`s stand for, among those toolkeeper handed it."""
@@ -139,21 +153,24 @@ class ResponsesAPI(AgentAPI):
             if isinstance(item.get("id"), str):
                 await self.store.put_link(digest(tenant, "item", item["id"]), item, LINK_TTL)
 
-    async def _link(self, tenant: str, result: TurnResult, final: dict[str, Any] | None, claimed: bool) -> None:
+    async def _link(self, tenant: str, result: TurnResult, final: dict[str, Any] | None, session: str | None,
+                    claimed: bool) -> None:
         """The id the agent got (`final`'s; None: the model server's answer went back as it came), linked to what
-        it stands for; `claimed`: linked to itself when it stands for nothing else, so the link says whose it is.
-        One write a turn at most: a link to the last round says whose the id is too."""
+        it stands for and to its `session` (None: none to keep); linked to itself when it stands for nothing else
+        and `claimed` (so the link says whose it is) or a session is to be kept (so the chain's next request finds
+        it). One write a turn at most: a link to the last round says whose the id is too."""
         # after a mixed round, the results of its declared calls go upstream with the agent's own
         last_call = max((i for i, m in enumerate(result.exchange) if m.get("role") == "assistant"), default=-1)
         owed = input_from_messages(result.exchange[last_call + 1:])
         given = final["id"] if final is not None else result.last.head.get("id")
         if result.rounds == 1 and not owed:
             # nothing hidden: the id the agent got is the model server's own, its answer as the agent saw it
-            if claimed and isinstance(given, str) and given:
-                await self.store.put_link(digest(tenant, "response", given), {"last": given, "owed": []}, LINK_TTL)
+            if (claimed or session is not None) and isinstance(given, str) and given:
+                await self.store.put_link(digest(tenant, "response", given),
+                                          {"last": given, "owed": [], "session": session or ""}, LINK_TTL)
             return
-        await self.store.put_link(digest(tenant, "response", given or ""),
-                                  {"last": result.last.head.get("id"), "owed": owed, "shown": final}, LINK_TTL)
+        await self.store.put_link(digest(tenant, "response", given or ""), {
+            "last": result.last.head.get("id"), "owed": owed, "shown": final, "session": session or ""}, LINK_TTL)
 
     # -- whose a stored response is (owners.py) -----------------------------------------
 
@@ -188,3 +205,10 @@ class ResponsesAPI(AgentAPI):
 
     async def _owns(self, request: web.Request, response_id: str) -> bool:
         return await self.store.get_link(digest(credentials_hash(request), "response", response_id)) is not None
+
+
+def _conversation(tenant: str, conversation: Any) -> str:
+    """The session of a request in a conversation the model server keeps (`conversation`: its id, or an object
+    naming it); "" for none: the request then holds its whole conversation."""
+    named = conversation.get("id") if isinstance(conversation, dict) else conversation
+    return door_session("conversation-id", tenant, named) if isinstance(named, str) and named else ""

@@ -15,7 +15,8 @@ does not have, never sent on:
 (For `previous_response_id` OpenAI answers 400 `previous_response_not_found`,
 not 404: clients such as Codex read that code to resend their whole input.)
 With the agent's own key going upstream, the model server keeps each key to
-its own responses: none of this applies, and nothing is written.
+its own responses: none of this applies, and an id's link only keeps the
+session its chain is in.
 """
 
 from __future__ import annotations
