@@ -334,6 +334,15 @@ def location(request, tmp_path):
             yield url
 
 
+@pytest.fixture(scope="module")
+def opa():
+    """The tests' OPA stand-in (tests/opa_server.py: regorus), serving the shipped policies/*.rego."""
+    process = Process([sys.executable, str(ROOT / "tests" / "opa_server.py"), "--policies", str(ROOT / "policies")],
+                      "listening on")
+    yield process
+    process.stop()
+
+
 @contextlib.contextmanager
 def postgres_schema():
     """A fresh schema in the local PostgreSQL (.ci/run starts it), dropped afterwards: its URL."""

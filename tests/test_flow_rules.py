@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import sys
 import textwrap
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Process, run_cli
+from conftest import ROOT, run_cli
 
 from toolkeeper.policy import (
     Decision,
@@ -483,14 +482,6 @@ def test_explain_shows_the_labels_the_rules_give_and_the_session(tmp_path):
 
 
 # -- OPA reads input.labels and input.session --------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def opa():
-    process = Process([sys.executable, str(ROOT / "tests" / "opa_server.py"), "--policies", str(ROOT / "policies")],
-                      "listening on")
-    yield process
-    process.stop()
-
 
 def test_the_shipped_flow_scenarios_pass_against_flows_rego(opa):
     run = run_cli("policy", "test", "policies/flows_scenarios.yaml", "--opa-url", opa.url, "--opa-path",

@@ -9,7 +9,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import LOOKUP, ROOT, Process, Toolkeeper, call, fresh, start_toolkeeper, user, write_agent
+from conftest import LOOKUP, ROOT, Toolkeeper, call, fresh, start_toolkeeper, user, write_agent
 
 AGENT = """
     upstream: http://127.0.0.1:9/v1
@@ -22,14 +22,6 @@ AGENT = """
         command: ["{python}", "{tools}/record.py", "push", "--force", "{{branch}}"]
         env: {OUT: "{out}"}
 """
-
-
-@pytest.fixture(scope="module")
-def opa():
-    process = Process([sys.executable, str(ROOT / "tests" / "opa_server.py"), "--policies", str(ROOT / "policies")],
-                      "listening on")
-    yield process
-    process.stop()
 
 
 def set_mode(opa, mode: str) -> None:
