@@ -187,8 +187,11 @@ class TestProvider:
         return _json("POST", self.issuer + "/test/sign", body)["token"]
 
     def set_redirects(self, client_id: str, uris: list[str]) -> None:
-        """Replaces a static client's redirect URIs (its post-logout URIs become them and their origins' /)."""
-        _json("POST", self.issuer + "/test/redirects", {"client_id": client_id, "redirect_uris": list(uris)})
+        """Sets a static client's redirect URIs (its post-logout URIs become them and their origins' /). The
+        provider's own defaults stay: a session's provider serves every test of a worker, and the flows that use
+        the default (password_tokens) must not fail because a console test came first."""
+        kept = [*uris, *(uri for uri in self.redirect_uris if uri not in uris)]
+        _json("POST", self.issuer + "/test/redirects", {"client_id": client_id, "redirect_uris": kept})
 
     # --- signing in, as a browser ----------------------------------------------------------------------
     def follow_login(self, authorization_url: str, user: str, password: str | None = None) -> str:
