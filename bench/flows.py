@@ -80,19 +80,22 @@ async def store_costs(location: str, count: int) -> tuple[float, float]:
     return statistics.median(reads), statistics.median(adds)
 
 
-def start(workdir: Path) -> tuple[list, dict[str, str]]:
+def start(workdir: Path, rules: dict[str, str] = RULES, store: str | None = None) -> tuple[list, dict[str, str]]:
+    """The model server (one Bash call each answer) and a toolkeeper for each of `rules`, on its own SQLite store
+    or on `store`: their URLs by name (`direct`: the model server)."""
     model_port = overhead.free_port()
     model = multiprocessing.Process(target=serve_model, args=(model_port,), daemon=True)
     model.start()
     (workdir / "agent.yaml").write_text(f"upstream: http://127.0.0.1:{model_port}/v1\ntools: []\n")
     urls, processes = {"direct": f"http://127.0.0.1:{model_port}/v1"}, [model]
-    for name, body in RULES.items():
+    for name, body in rules.items():
         (workdir / f"{name}.yaml").write_text(body)
         port = overhead.free_port()
         processes.append(subprocess.Popen(
             [sys.executable, "-m", "toolkeeper", "serve", str(workdir / "agent.yaml"), "--port", str(port),
              "--log-level", "ERROR", "--policy", str(workdir / f"{name}.yaml"), "--consent", "none",
-             "--store", str(workdir / f"{name}-store.sqlite3"), "--audit", str(workdir / f"{name}-audit.sqlite3")],
+             "--store", store or str(workdir / f"{name}-store.sqlite3"),
+             "--audit", str(workdir / f"{name}-audit.sqlite3")],
             cwd=ROOT, stdout=subprocess.DEVNULL))
         urls[name] = f"http://127.0.0.1:{port}/v1"
     return processes, urls

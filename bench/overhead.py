@@ -26,6 +26,8 @@ a Chat Completions one.
 
     python bench/overhead.py            # the full run (about a minute and a half)
     python bench/overhead.py --quick    # a smoke run
+    python bench/overhead.py --peers    # toolkeeper against LiteLLM's proxy and Portkey's gateway (bench/peers.py;
+                                        # `bash bench/peers.sh` installs them), about three minutes; --quick too
 """
 
 from __future__ import annotations
@@ -184,7 +186,7 @@ def serve_mock(port: int) -> None:
 
 # -- the floor: a bare aiohttp pass-through ----------------------------------------------
 
-def serve_floor(port: int, upstream: str) -> None:
+def serve_floor(port: int, upstream: str, loop: str = "asyncio") -> None:
     async def forward(request: web.Request) -> web.StreamResponse:
         session: aiohttp.ClientSession = request.app["session"]
         async with session.post(upstream + "/chat/completions", data=await request.read(),
@@ -205,6 +207,11 @@ def serve_floor(port: int, upstream: str) -> None:
     app = web.Application()
     app.cleanup_ctx.append(session_ctx)
     app.router.add_post("/v1/chat/completions", forward)
+    if loop == "uvloop":  # as serve runs, where uvloop installs
+        import uvloop
+
+        web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=uvloop.new_event_loop())
+        return
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
@@ -429,15 +436,22 @@ async def responses_cases(urls: dict, pids: dict, sizes: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--peers", action="store_true", help="toolkeeper against LiteLLM's proxy and Portkey's "
+                        "gateway, same load, one core each (bench/peers.py; `bash bench/peers.sh` installs them)")
     parser.add_argument("--serve-mock", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--serve-floor", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-floor", nargs="+", help=argparse.SUPPRESS)  # PORT UPSTREAM [asyncio|uvloop]
     args = parser.parse_args()
     if args.serve_mock:
         serve_mock(args.serve_mock)
         return 0
     if args.serve_floor:
-        serve_floor(int(args.serve_floor[0]), args.serve_floor[1])
+        serve_floor(int(args.serve_floor[0]), *args.serve_floor[1:])
         return 0
+    if args.peers:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import peers
+
+        return asyncio.run(peers.run(args.quick))
     return asyncio.run(run(args.quick))
 
 

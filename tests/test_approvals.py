@@ -108,6 +108,7 @@ def test_approve_lets_the_call_run(scripted, tka, stream):
     (approval,) = waiting(tka)
     listing = cli(tka, "approvals").stdout
     assert f'release(version=1.0.{int(stream)})' in listing and 'argv ["' in listing and "waiting" in listing
+    time.sleep(0.5)  # a person takes longer than the keep-alive interval (0.2 s) to answer; the commands do not
     run = cli(tka, "approve", approval, "--as", "ada")
     assert run.returncode == 0 and f"{approval}: approved by ada" in run.stdout
     assert "ran" in asking.result()

@@ -24,7 +24,8 @@ import pytest
 from conftest import ROOT
 
 PAGES = ["docs/tutorial/first-declared-tool.md", "docs/how-to/approve-calls.md", "docs/how-to/audit.md",
-         "docs/how-to/measure-your-tools-with-eval.md", "docs/how-to/stop-exfiltration-after-a-prompt-injection.md"]
+         "docs/how-to/measure-your-tools-with-eval.md", "docs/how-to/stop-exfiltration-after-a-prompt-injection.md",
+         "docs/how-to/cap-what-an-agent-can-do.md"]
 BLOCK = re.compile(r"^```(\S+)([^\n]*)\n(.*?)^```$", re.M | re.S)
 
 

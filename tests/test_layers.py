@@ -14,7 +14,7 @@ Read from the source with `ast`, so a lazy import inside a function counts too.
     audit/    the record and the trail                      nothing else of toolkeeper
     store/    history, links, retry memo, approvals (SQL)   nothing else of toolkeeper
     scripted/ the scripted model (a dev tool)               nothing else of toolkeeper, and nothing but cli/ uses it
-    common, database, settings, metrics, tracing: leaves every layer may use; app.py and cli/ compose them all.
+    common (strict), database, settings, metrics, tracing: leaves every layer may use; app.py and cli/ compose them all.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "proxy" / "toolkeeper"
 LAYERS = ("wire", "engine", "tools", "runners", "policy", "identity", "audit", "store", "cli", "scripted")
-LEAVES = ("toolkeeper.common", "toolkeeper.database", "toolkeeper.settings", "toolkeeper.metrics",
+LEAVES = ("toolkeeper.common", "toolkeeper.strict", "toolkeeper.database", "toolkeeper.settings", "toolkeeper.metrics",
           "toolkeeper.tracing")
 FORBIDDEN = {
     "engine": {"toolkeeper.wire", "toolkeeper.cli", "toolkeeper.app", "aiohttp"},

@@ -239,8 +239,18 @@ def test_the_admin_api_lists_and_approves_pins(setup):
     assert "mcp__notes__echo" in asyncio.run(list_names())
 
 
+def pin_recheck(directory: Path, seconds: float) -> None:
+    """`pin_recheck:` on the notes server of the agent file in `directory`."""
+    agent = directory / "agent.yaml"
+    text = agent.read_text()
+    assert "\n    timeout: 3\n" in text
+    agent.write_text(text.replace("\n    timeout: 3\n", f"\n    timeout: 3\n    pin_recheck: {seconds}\n", 1))
+
+
 def test_a_definition_changed_while_a_client_is_connected_is_refused_before_the_client_lists_again(setup):
-    """Clients list once a session: the pinned definition is checked against the server's own at each call."""
+    """Clients list once a session: with `pin_recheck: 0` the server's tools are listed before each call, and the
+    pinned definition checked against what the call would reach (the default's bound: test_mcp_pin_recheck.py)."""
+    pin_recheck(setup, 0)
     description = setup / "state" / "description.txt"
     approve = ["mcp", "approve", "notes", "echo", "--as", "ada"]
     env = {"TOOLKEEPER_AGENT_FILE": str(setup / "agent.yaml")}
@@ -388,3 +398,16 @@ def test_a_pin_from_an_earlier_version_covers_every_field_from_now_on(setup):
     assert "mcp__files__list_directory" in names  # unchanged, with more fields than the earlier digest covered
     pins = run_cli("mcp", "pins", env={"TOOLKEEPER_AGENT_FILE": str(setup / "agent.yaml")}).stdout
     assert "notes echo: CHANGED (title)" in pins and "files list_directory: pinned" in pins, pins
+
+
+def test_the_calls_of_one_stdio_client_share_one_flow_session(setup):
+    """Over stdio the process has one client: its calls are decided in one session (engine/flows.py), though the
+    SDK hands each request a session object of its own."""
+    async def run() -> None:
+        async with proxied(setup) as client:
+            for text in ("one", "two"):
+                assert not (await client.call_tool("mcp__notes__echo", {"text": text})).is_error
+
+    asyncio.run(run())
+    sessions = {entry["session"] for entry in trail(setup) if entry["tool"] == "mcp__notes__echo"}
+    assert len(sessions) == 1 and None not in sessions, sessions

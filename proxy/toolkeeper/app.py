@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -46,9 +46,12 @@ from toolkeeper.wire import (
     Check,
     Console,
     Doors,
+    LimitsView,
+    Notifier,
     admin_app,
     approvals_api,
     build_server,
+    limits_api,
     pins_api,
     proxy_app,
     tools_api,
@@ -99,8 +102,10 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     opa = OpaPolicy(settings.opa_url, settings.opa_path, settings.opa_timeout) if settings.opa_url else None
     rules = agent_rules(settings, agent)
     policy = Policy(agent.config.yolo, rules, opa)
-    consent = consent or consent_channel(settings, stores.store)
     metrics = Metrics()
+    # asks sent to the policy's `notify:` channels: the policy read when each is sent (a reload replaces it)
+    notifier = None if consent else notifier_for(settings, rules, lambda: handler.policy, stores.store, metrics)
+    consent = consent or consent_channel(settings, stores.store, notifier)
     for rule in rules.rules if rules else ():  # the shadow rules' series, there from the start
         if rule.mode == "shadow":
             metrics.expect("toolkeeper_shadow_matches_total", effect=rule.effect, rule=rule.id)
@@ -114,8 +119,12 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
     engine = Engine(agent, handler, history=history, metrics=metrics)
 
     guard = AdminGuard(settings.admin_token, stores.store, people=identity.people, tokens=settings.auth_tokens)
+    # the limits of the policy in force, whichever that is when asked (a reload replaces it)
+    limits = LimitsView(lambda: handler.policy, stores.store, stores.audit, metrics)
+    metrics.readers.append(limits.gauges)  # read from the store at each scrape: the same on every replica
     admin = admin_app(guard, approvals_api(stores.store), Console(stores.audit, stores.store, guard),
-                      tools_api(lambda: sorted(engine.agent.tools)), pins_api(stores.store, stores.audit))
+                      tools_api(lambda: sorted(engine.agent.tools)), pins_api(stores.store, stores.audit),
+                      limits_api(limits))
     api_key = os.environ[agent.config.api_key_env] if agent.config.api_key_env else None
     mcp_server = build_server(McpDoor(engine, servers, stores.store), consent, __version__, tracing)
     doors = Doors(mcp_server, HookCalls(engine.agent_calls, settings.hooks_undecided), settings.host)
@@ -133,6 +142,8 @@ def build_app(agent: Agent, settings: Settings, *, consent: Consent | None = Non
             await asyncio.to_thread(tracing.shutdown)
 
     app.on_cleanup.append(close)
+    if notifier is not None:  # its deliveries end before the store closes
+        app.on_shutdown.append(lambda app: notifier.close())
     app[RELOAD] = Reloader(engine, settings, identity)
     app[MCP_SERVER] = mcp_server
     app[IDENTITY] = identity
@@ -212,6 +223,11 @@ def agent_rules(settings: Settings, agent: Agent) -> Rules | None:
     rules = rules_in_force(settings.policy, settings.opa_url)
     for warning in rules.warnings(agent) if rules else ():
         log.warning("%s", warning)
+    scoped = [limit.id for limit in (rules.limits if rules else ()) if {"user", "agent", "group"} & set(limit.scope)]
+    if scoped and not (agent.config.agents or settings.agent_keys or settings.auth_agents_jwt_issuer):
+        log.warning("limits %s count by user, agent or group, and no agent keys are listed nor JWTs required: an "
+                    "agent is known by a hash of whatever key it sends, so one that sends a new key each time is "
+                    "counted afresh; list the agents (`agents:`, --agent-keys) or require JWTs", ", ".join(scoped))
     return rules
 
 
@@ -230,7 +246,26 @@ def consent_mode(settings: Settings) -> str:
     return "terminal" if has_terminal() else ("approvals" if answerable else "none")
 
 
-def consent_channel(settings: Settings, store: Store) -> Consent:
+def notifier_for(settings: Settings, rules: Rules | None, policy: Callable[[], Policy], store: Store,
+                 metrics: Metrics) -> Notifier | None:
+    """What sends each ask to its `notify:` channels, when asks wait in the approvals store (a person answers
+    them from the link, anywhere); the policy may declare channels later, at a reload. None for the terminal,
+    whose asks reach no one else."""
+    if consent_mode(settings) != "approvals":
+        if rules is not None and rules.channels:
+            log.warning("the policy declares notify: channels, but --consent is %s, not approvals: no ask is sent "
+                        "to them", consent_mode(settings))
+        return None
+    console_url = (settings.public_url or settings.local_url).rstrip("/")
+    if rules is not None and rules.channels and not settings.public_url:
+        log.warning("the links in the notify: channels' messages lead to %s, the address serve listens on: set "
+                    "--public-url to the address people reach toolkeeper at", console_url)
+    notifier = Notifier(policy, store, metrics, console_url)
+    notifier.expect_series(rules)
+    return notifier
+
+
+def consent_channel(settings: Settings, store: Store, notifier: Notifier | None = None) -> Consent:
     """Who is asked: the terminal, the approvals API (needs the admin token, or people signing in through the
     provider), or no one.
 
@@ -240,7 +275,8 @@ def consent_channel(settings: Settings, store: Store) -> Consent:
     if mode == "approvals":
         if not settings.admin_token and not settings.auth_oidc_issuer:
             raise ValueError(f"the approvals channel needs someone to answer it: set {TOKEN_VARIABLE}, or auth.oidc")
-        return ApprovalsConsent(store, timeout=settings.consent_timeout)
+        return ApprovalsConsent(store, timeout=settings.consent_timeout,
+                                announce=notifier.announce if notifier is not None else None)
     if mode == "terminal":
         return TerminalConsent(timeout=settings.consent_timeout)
     return NoConsent()

@@ -2,9 +2,10 @@
 
 - canonical JSON and its SHA-256: one encoding wherever a value is hashed
   (approvals, the retry memo, the audit chain);
-- strict configuration: a frozen pydantic base that refuses unknown keys, and
-  one path from a YAML file to a validated model whose errors name the file,
-  the entry and the key (agent files, rules, scenarios);
+- strict configuration (`Strict`, `load_yaml_model`, `regex`, `describe`): kept
+  in toolkeeper.strict, with pydantic and YAML, and given here when first asked
+  for, so that what needs only the rest (`toolkeeper hook`, run before every
+  tool call of an agent) does not import them;
 - the files toolkeeper ships (the example agent, the default policy), found in
   a checkout or in the installed wheel;
 - whether a host name or address is this machine's loopback;
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import ipaddress
 import json
 import re
@@ -22,11 +24,12 @@ import time
 import unicodedata
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+
+if TYPE_CHECKING:  # given by __getattr__ below
+    from toolkeeper.strict import Model, Strict, describe, load_yaml_model, regex  # noqa: F401
 
 
 def canonical_json(value: Any) -> bytes:
@@ -108,77 +111,6 @@ def digest(*parts: str) -> str:
     return sha256_hex("\x00".join(parts).encode())
 
 
-class Strict(BaseModel):
-    """A configuration entry: frozen once loaded, and an unknown key is an error, not ignored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def regex(pattern: str | None) -> str | None:
-    """A validator: the pattern, if it compiles."""
-    if pattern is not None:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from exc
-    return pattern
-
-
-Model = TypeVar("Model", bound=BaseModel)
-
-
-def load_yaml_model(path: Path, model: type[Model], error: type[Exception], *, what: str, entries: str = "",
-                    entry: str = "", name_key: str = "", override: dict[str, Any] | None = None,
-                    ) -> tuple[Model, bytes, dict[str, Any]]:
-    """Read, parse and validate a YAML mapping: (the model, the file's bytes, the raw mapping), or raise `error`.
-
-    `what` names the file for people ("the agent file"); `entries`, `entry` and
-    `name_key` say which list an error may sit in, so it can name the entry.
-    """
-    try:
-        text = path.read_bytes()
-    except OSError as exc:
-        raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML: {exc}") from exc
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise error(f"{path}: {what} must be a mapping of keys")
-    if override:
-        raw = {**raw, **override}
-    try:
-        return model.model_validate(raw), text, raw
-    except ValidationError as exc:
-        raise error(describe(path, raw, exc, entries=entries, entry=entry, name_key=name_key)) from None
-
-
-def describe(path: Path, raw: dict[str, Any], exc: ValidationError, *, entries: str = "", entry: str = "",
-             name_key: str = "") -> str:
-    """pydantic's errors as lines like `agent.yaml: tool 'release': key 'timeout': ...`."""
-    lines = []
-    for error in exc.errors():
-        loc = list(error["loc"])
-        where = str(path)
-        if entries and len(loc) >= 2 and loc[0] == entries and isinstance(loc[1], int):
-            items = raw.get(entries) or []
-            item = items[loc[1]] if loc[1] < len(items) else None
-            name = item.get(name_key) if isinstance(item, dict) else None
-            where += f": {entry} {name!r}" if name else f": {entry} #{loc[1] + 1}"
-            loc = loc[2:]
-        # pydantic names the branches of a union (function-..., literal[...]): not keys of the file
-        key = ".".join(str(part) for part in loc if not str(part).startswith(("function-", "literal[", "tuple[")))
-        message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "extra_forbidden":
-            message = "unknown key"
-        elif error["type"] == "missing":
-            message = "required key is missing"
-        lines.append(f"{where}: key {key!r}: {message}" if key else f"{where}: {message}")
-    return "\n".join(lines)
-
-
 def shipped_file(checkout: str, wheel: str) -> Path | None:
     """A file toolkeeper ships: `checkout` relative to the repository, or `wheel` inside the installed package."""
     package = Path(__file__).resolve().parent
@@ -222,3 +154,14 @@ def nesting(value: Any, limit: int) -> int:
 def counted(number: int, noun: str) -> str:
     """`1 record`, `2 records`: a count as people read it."""
     return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+_STRICT = ("Model", "Strict", "describe", "load_yaml_model", "regex")
+
+
+def __getattr__(name: str) -> Any:
+    """toolkeeper.strict's names, imported when first used (PEP 562): pydantic and YAML cost a hook 50 ms."""
+    if name not in _STRICT:
+        raise AttributeError(f"module 'toolkeeper.common' has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module("toolkeeper.strict"), name)
+    return value

@@ -20,6 +20,17 @@
     toolkeeper_group_calls_total{group}                 calls, by the group of the user each was for
     toolkeeper_flow_decisions_total{effect}             decisions a rule on the session's history made
     toolkeeper_secrets_found_total{action,kind}         secrets found in what goes to the model or out
+    toolkeeper_notify_deliveries_total{channel,outcome} asks sent to a `notify:` channel: delivered, error, given_up
+    toolkeeper_limit_stopped_total{limit,effect}        calls (and model rounds) a limit denied or asked about
+
+Read from the store when the page is asked for (`readers`), so every replica
+and worker shows the same numbers, in the limit's unit (run time in seconds):
+
+    toolkeeper_limit_max{limit}                         a limit's maximum, per scope
+    toolkeeper_limit_used{limit}                        what its scopes used in its window, summed
+    toolkeeper_limit_used_highest{limit}                what its most used scope used
+    toolkeeper_limit_scopes{limit}                      its scopes with a count in the window
+    toolkeeper_limit_scopes_full{limit}                 its scopes at or past the maximum
 
 One process: a registry per `Metrics` (several apps in one process never
 collide). `serve --workers N`: the supervisor sets PROMETHEUS_MULTIPROC_DIR to a
@@ -43,18 +54,27 @@ series is there at zero. A call for a user in none of those groups counts as
 `other`; a call for no group at all (an agent alone, a user whose token or
 header gives no groups) as `none`. A call counts once under each named group
 of its user, so the sum over groups can exceed the calls.
+
+For the same reason a limit's series are by limit (an id the policy file
+names: bounded, known at start) and never by scope: a scope is a user's name,
+an agent's, a group's. The page sums and counts a limit's scopes; who is near
+a limit is the admin API's and the console's to show.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from toolkeeper.audit import ExecutionRecord
+
+log = logging.getLogger("toolkeeper")
 
 MULTIPROCESS = "PROMETHEUS_MULTIPROC_DIR"
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -62,7 +82,7 @@ CAP = 50  # distinct outside values a bounded label shows before `other`
 OTHER = "other"
 # Who decides (the record's decision_source) and what: the decisions_total series there from the start.
 DECISION_SOURCES = ("rules", "opa", "policy", "tier", "yolo", "default", "consent", "loop_detector", "store",
-                    "retry", "toolkeeper", "hosted", "pin")
+                    "retry", "toolkeeper", "hosted", "pin", "limits")
 DECISION_EFFECTS = ("allow", "deny")
 FLOW_EFFECTS = ("allow", "ask", "deny")  # a rule on the session asks or denies (an allow is rarer, but may)
 CALL_ENDINGS = ("ok", "failed", "timeout", "denied", "invalid")  # a declared tool's series there from the start
@@ -121,7 +141,25 @@ FAMILIES = {
     "toolkeeper_secrets_found_total": Family(
         "counter", "Secrets found in tool results and egress arguments, by kind and what was done (redact, block, "
         "allow).", ("action", "kind"), bounded=("kind",)),
+    "toolkeeper_notify_deliveries_total": Family(  # a channel is named in the policy file: bounded by its size
+        "counter", "Asks sent to a notify: channel, by outcome: delivered (the channel answered 2xx), error (an "
+        "attempt failed: no connection, no answer in time, not 2xx; tried again), given_up (never delivered: the "
+        "call was answered or expired first, or the channel cannot be used).", ("channel", "outcome")),
+    "toolkeeper_limit_stopped_total": Family(
+        "counter", "Calls and model rounds a limit stopped (deny) or had asked, by limit (ids from the policy file).",
+        ("effect", "limit")),
 }
+# The families read from the store when the page is asked for (the same on every replica): by limit, never by scope.
+READ_FAMILIES = {
+    "toolkeeper_limit_max": "A limit's maximum per scope, in its unit (calls, tokens, seconds of run time).",
+    "toolkeeper_limit_used": "What a limit's scopes used in its window, summed, in its unit.",
+    "toolkeeper_limit_used_highest": "What a limit's most used scope used in its window, in its unit.",
+    "toolkeeper_limit_scopes": "A limit's scopes with a count in its window.",
+    "toolkeeper_limit_scopes_full": "A limit's scopes at or past its maximum.",
+}
+READ_WAIT = 2.0  # seconds each reader has before the page is sent without its families
+# What a reader gives: each READ_FAMILIES name it read, with its samples (labels, value)
+Read = dict[str, list[tuple[dict[str, str], float]]]
 
 
 class Capped:
@@ -167,6 +205,7 @@ class Metrics:
         self.groups: frozenset[str] = frozenset()  # the groups counted as themselves (named_groups)
         self._seen: dict[tuple[str, ...], Any] = {}  # each series by its family and label values
         self._families = {name: self._family(client, name, family) for name, family in FAMILIES.items()}
+        self.readers: list[Callable[[], Awaitable[Read]]] = []  # read when the page is asked for: READ_FAMILIES
         for effect, source in itertools.product(DECISION_EFFECTS, DECISION_SOURCES):
             self.expect("toolkeeper_decisions_total", effect=effect, source=source)
         for effect in FLOW_EFFECTS:
@@ -259,6 +298,46 @@ class Metrics:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+    async def page(self) -> bytes:
+        """The page: the readers' families (read now, from the store: the same numbers on every replica and
+        worker, which a gauge summed over the workers would not be), after `render`'s. A reader that fails or
+        does not answer within READ_WAIT leaves its families out, never the page."""
+        read: Read = {}
+        for reader in self.readers:
+            try:
+                async with asyncio.timeout(READ_WAIT):
+                    found = await reader()
+            except Exception as exc:  # a store that does not answer: the rest of the page still tells
+                log.warning("metrics: %s left out of this scrape: %s", getattr(reader, "__name__", reader),
+                            str(exc) or type(exc).__name__)
+                continue
+            for name, samples in found.items():
+                read.setdefault(name, []).extend(samples)
+        return self.render() + read_page(read)
+
+
+def read_page(read: Read) -> bytes:
+    """The families read from the store, in the page's text format (prometheus_client writes it, escapes
+    included)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    families = []
+    for name, samples in read.items():
+        labels = sorted({label for sample_labels, _ in samples for label in sample_labels})
+        family = GaugeMetricFamily(name, READ_FAMILIES[name], labels=labels)
+        for sample_labels, value in samples:
+            family.add_metric([sample_labels.get(label, "") for label in labels], value)
+        families.append(family)
+
+    class Found:
+        def collect(self) -> list[Any]:
+            return families
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Found())
+    return generate_latest(registry)
 
 
 def forget_process(pid: int, directory: str) -> None:

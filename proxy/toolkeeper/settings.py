@@ -126,8 +126,9 @@ class Settings:
                              choices=("asyncio", "uvloop", "auto"))
     log_level: str = option("INFO", "DEBUG, INFO, WARNING or ERROR")
     public_url: str | None = option(None, "the URL people and MCP clients reach toolkeeper at "
-                                          "(https://toolkeeper.example): the console's sign-in callback and /mcp's "
-                                          "resource identifier; default: the address serve listens on",
+                                          "(https://toolkeeper.example): the console's sign-in callback, the links "
+                                          "notify: channels send, and /mcp's resource identifier; default: the "
+                                          "address serve listens on",
                                     metavar="URL")
     trusted_proxy: tuple[str, ...] = option((), "a front proxy's address or network (10.0.0.0/8) whose "
                                                  "--identity-header is believed (repeatable; default: loopback "

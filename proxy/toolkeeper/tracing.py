@@ -17,7 +17,6 @@ The engine carries a `RequestTrace` on its TurnContext without knowing what it i
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import os
 import socket
 from collections.abc import Iterator, Mapping
@@ -71,6 +70,8 @@ def check(endpoint: str | None, protocol: str | None, environ: Mapping[str, str]
     environ = os.environ if environ is None else environ
     if not tracing_on(endpoint, environ):
         return False
+    import importlib.metadata  # only when tracing is on: it costs every start (`toolkeeper mcp`) 20 ms
+
     for package in ("opentelemetry-sdk", PROTOCOLS[protocol_of(protocol, environ)]):
         try:
             importlib.metadata.version(package)

@@ -52,6 +52,7 @@ KEY_QUALIFIERS = ("api", "access", "secret", "private", "ssh", "signing", "encry
 DEFAULT_PATTERNS = ("key", *(f"*{noun}" for noun in SECRET_NOUNS), *(f"*{word}key" for word in KEY_QUALIFIERS))
 REDACTED = "[redacted]"
 MIN_ERASE = 4
+NAMES_KEPT = 4096  # names already read, secret or not: the same few keys come back with every call
 
 # In text that is not valid JSON: `"name": value`, the value a string (maybe cut off), a bare scalar, or the
 # opening of an object or array.
@@ -81,6 +82,7 @@ class Redactor:
         # secrets found by what they look like, whatever their name (a key in a command line, a token in a result):
         # the composition root gives the policy's detector, which this layer does not know
         self.scrub = scrub
+        self._names: dict[str, bool] = {}
 
     @classmethod
     def from_settings(cls, add: Iterable[str] = (), only: Iterable[str] = (),
@@ -90,8 +92,14 @@ class Redactor:
 
     def secret_name(self, name: str) -> bool:
         """The name holds a pattern's words, side by side (the last one maybe plural)."""
-        held = words(name)
-        return any(_holds(held, wanted) for wanted in self.pattern_words)
+        known = self._names.get(name)
+        if known is None:
+            held = words(name)
+            known = any(_holds(held, wanted) for wanted in self.pattern_words)
+            if len(self._names) >= NAMES_KEPT:
+                self._names.clear()
+            self._names[name] = known
+        return known
 
     # -- values -----------------------------------------------------------------------
 

@@ -25,12 +25,18 @@ from toolkeeper.settings import TOKEN_VARIABLE, Settings
 APPROVALS = "/toolkeeper/approvals"
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def admin_options() -> argparse.ArgumentParser:
+    """The options of every client of the admin API (a parent parser): where serve is, and its config file."""
     default_url = Settings().local_url
     admin = argparse.ArgumentParser(add_help=False)
     admin.add_argument("--url", help=f"toolkeeper's address (default: the host and port of --config and "
                        f"$TOOLKEEPER_HOST/PORT, else {default_url}); the token comes from ${TOKEN_VARIABLE}")
     Settings.client_arguments(admin)
+    return admin
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    admin = admin_options()
     listing = commands.add_parser("approvals", parents=[admin], help="list the calls waiting for approval")
     listing.add_argument("--always", action="store_true", help="list the always grants in force instead")
     listing.set_defaults(run=lambda args: grants_command(server(args)) if args.always else list_command(server(args)))

@@ -15,8 +15,11 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import os
 import sys
+import traceback
 
+from toolkeeper.cli import no_collection
 from toolkeeper.cli.serve import configure_logging
 from toolkeeper.cli.tokens import no_store_at
 from toolkeeper.common import counted, printable
@@ -59,43 +62,104 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve_command(agent_file: str, settings: Settings) -> int:
-    from toolkeeper.app import consent_mode
-    from toolkeeper.audit import AuditError
     from toolkeeper.cli.serve import linted
-    from toolkeeper.policy import RulesError
-    from toolkeeper.store import SchemaError, StoreError
-    from toolkeeper.tools import AgentFileError, load_agent_file
+    from toolkeeper.tools import load_agent_file
 
-    if consent_mode(settings) == "terminal":  # stdin is the protocol: no one can answer there
-        settings = dataclasses.replace(settings, consent="approvals" if settings.admin_token else "none")
     try:
-        agent = load_agent_file(agent_file, upstream=settings.upstream)
-        if not linted(agent):
-            return 2
+        with no_collection():
+            agent = load_agent_file(agent_file, upstream=settings.upstream)
+            if not linted(agent):
+                return 2
         return asyncio.run(serve_stdio(agent, settings))
-    except (AgentFileError, RulesError, AuditError, StoreError, SchemaError, ValueError) as exc:
-        print(f"toolkeeper: {exc}", file=sys.stderr)
+    except Exception as exc:
+        if not said(exc):
+            raise
         return 2
 
 
-async def serve_stdio(agent, settings: Settings) -> int:
-    from aiohttp import web
+def said(exc: Exception) -> bool:
+    """Whether `exc` is one of the errors that end `toolkeeper mcp` with their message and status 2 (a file that
+    does not load, a store that does not open...): then it is said on stderr. The classes are imported when one
+    happens, not at every start."""
+    from toolkeeper.audit import AuditError
+    from toolkeeper.policy import RulesError
+    from toolkeeper.store import SchemaError, StoreError
+    from toolkeeper.tools import AgentFileError
 
-    from toolkeeper.app import MCP_SERVER, build_app, consent_mode
+    if not isinstance(exc, (AgentFileError, RulesError, AuditError, StoreError, SchemaError, ValueError)):
+        return False
+    print(f"toolkeeper: {exc}", file=sys.stderr)
+    return True
+
+
+async def serve_stdio(agent, settings: Settings) -> int:
+    """The MCP server over stdio, answering `initialize` with the SDK alone; the app is built when a request
+    first needs it (wire/mcp/stdio.py), and closed when the client goes."""
+    from toolkeeper import __version__
+    from toolkeeper.wire import deferred_server
     from toolkeeper.wire import serve_stdio as serve_over_stdio
 
-    app = build_app(agent, settings)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, keepalive_timeout=settings.idle_timeout)
-    await runner.setup()
+    app = DeferredApp(agent, settings)
+    with no_collection():
+        server = deferred_server(app.server, __version__)
     try:
+        await serve_over_stdio(server)
+    finally:
+        await app.close()
+    return 0
+
+
+class DeferredApp:
+    """serve's app for one agent file, built at the first request that needs it. A failure to build it ends the
+    process as it ended before the handshake was answered first: the error on stderr and status 2 (status 1 and
+    the traceback for an unexpected one); stdin, read by the SDK in a thread, cannot be closed under it."""
+
+    def __init__(self, agent, settings: Settings):
+        self.agent = agent
+        self.settings = settings
+        self.runner = None
+        self._building: asyncio.Future | None = None
+
+    async def server(self):
+        """build_server's server on the app (built by the first caller, awaited by the others)."""
+        if self._building is None:
+            self._building = asyncio.ensure_future(self._build())
+        return await asyncio.shield(self._building)
+
+    async def _build(self):
+        try:
+            return await self._built()
+        except Exception as exc:
+            status = 2 if said(exc) else 1
+            if status == 1:
+                traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(status)
+
+    async def _built(self):
+        with no_collection():
+            from aiohttp import web
+
+            from toolkeeper.app import MCP_SERVER, build_app, consent_mode
+
+            settings = self.settings
+            if consent_mode(settings) == "terminal":  # stdin is the protocol: no one can answer there
+                settings = dataclasses.replace(settings, consent="approvals" if settings.admin_token else "none")
+            app = build_app(self.agent, settings)
+        self.runner = runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                                             keepalive_timeout=settings.idle_timeout)
+        await runner.setup()
         if consent_mode(settings) == "approvals":
             await _listen_for_approvals(runner, settings)
-        log.info("toolkeeper mcp: %s from %s, %s, over stdio", counted(len(agent.tools), "declared tool"),
-                 agent.path, counted(len(agent.config.mcp_servers), "MCP server"))
-        await serve_over_stdio(app[MCP_SERVER])
-    finally:
-        await runner.cleanup()
-    return 0
+        log.info("toolkeeper mcp: %s from %s, %s, over stdio", counted(len(self.agent.tools), "declared tool"),
+                 self.agent.path, counted(len(self.agent.config.mcp_servers), "MCP server"))
+        return app[MCP_SERVER]
+
+    async def close(self) -> None:
+        if self._building is not None and not self._building.done():
+            await asyncio.wait([self._building])
+        if self.runner is not None:
+            await self.runner.cleanup()
 
 
 async def _listen_for_approvals(runner, settings: Settings) -> None:

@@ -12,7 +12,9 @@ Bash, Codex's exec_command): not in the agent file, its arguments as sent.
 A scenario's `principal:` (explain's `--user`, `--group`) says whom the call
 is for, as an agent's token or a trusted identity header would; its
 `labels:`, `session:`, `after:` and `secrets:` say the call's flow
-(policy_flows.py), and `expect_labels:` and `flow:` what it must come to.
+(policy_flows.py), and `expect_labels:` and `flow:` what it must come to;
+its `limits:` (explain's `--limit ID=USED`) the limits' counts before the call
+(policy_limits.py), each limit that selects it deciding beside the rules.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from toolkeeper.cli import policy_flows
+from toolkeeper.cli import policy_flows, policy_limits
 from toolkeeper.cli.policy_flows import Finding, SessionSpec
 from toolkeeper.cli.policy_import import add_import_parser, run_import
+from toolkeeper.cli.policy_limits import Counts
 from toolkeeper.cli.replay import add_replay_parser, run_replay
 from toolkeeper.common import Strict, load_yaml_model
 from toolkeeper.engine import CallHandler, TurnContext
@@ -45,6 +48,7 @@ from toolkeeper.policy import (
     default_rules_path,
     load_rules,
     rules_in_force,
+    with_limits,
 )
 from toolkeeper.tools import Agent, AgentFileError, check_call, load_agent_file
 
@@ -94,6 +98,7 @@ class Situation(Strict):
     principal: Principal | None = None  # whom the call is for (null: the agent alone)
     session: SessionSpec | None = None  # what its session has seen before it (null: a fresh one)
     secrets: tuple[Finding, ...] | None = None  # found in its arguments (null: an egress call's are scanned)
+    limits: Counts = Field(default_factory=dict)  # the limits' counts before the call (not given: 0)
 
 
 class Scenario(Situation):
@@ -154,6 +159,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     explain.add_argument("--kind", default="function",
                          help="with --source agent: the call's type (shell_call, local_shell_call, apply_patch_call, "
                               "computer_call; default function)")
+    explain.add_argument("--limit", action="append", default=[], dest="limits", metavar="ID=USED",
+                         help="a limit's count before the call, in its unit (run_time: seconds), as a scenario's "
+                              "limits: gives it (repeatable; a limit not given counts 0)")
     explain.add_argument("--opa-url", help="ask this OPA server (instead of the YAML rules)")
     explain.add_argument("--opa-path", default=DEFAULT_PATH, help=f"the rule OPA evaluates (default {DEFAULT_PATH})")
 
@@ -188,7 +196,7 @@ async def evaluate(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, cal
         document = handler.document(call.tool, call.arguments, None, turn, interactive=situation.interactive,
                                     now=situation.at, kind=call.kind, source=call.source)
         policy_flows.put(document, labeller or rules, call.labels, session, situation.secrets)
-        return document, await handler.policy.decide(document)
+        return document, await _decide(handler.policy, document, labeller or rules, situation)
     tool = agent.tools.get(call.tool)
     if tool is None:
         raise RulesError(f"{call.tool!r} is not a tool of {agent.path} (its tools: {', '.join(agent.tools)}); "
@@ -201,7 +209,14 @@ async def evaluate(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, cal
                                 now=situation.at)
     declared = (*call.labels, *getattr(tool.spec, "labels", ()))
     policy_flows.put(document, labeller or rules, declared, session, situation.secrets)
-    return document, await handler.policy.decide(document)
+    return document, await _decide(handler.policy, document, labeller or rules, situation)
+
+
+async def _decide(policy: Policy, document: dict[str, Any], rules: Rules | None, situation: Situation) -> Decision:
+    """As `serve` decides: the limits that select the call read their counts into its policy input first (the
+    rules read them), and a limit it would take past its maximum decides beside the rules."""
+    limited = policy_limits.take(document, rules, situation.limits)
+    return with_limits(await policy.decide(document), limited)
 
 
 async def run_scenario(agent: Agent, rules: Rules | None, opa: OpaPolicy | None, scenario: Scenario,
@@ -209,7 +224,8 @@ async def run_scenario(agent: Agent, rules: Rules | None, opa: OpaPolicy | None,
     """A scenario's call, decided after the calls its session made before it (`after:`): each decided in
     turn, and its labels kept in the session unless it was denied (an ask counts as granted)."""
     session = policy_flows.start(scenario.session, scenario.at)
-    earlier = scenario.model_copy(update={"secrets": None})  # the scenario's findings are its own call's
+    # the scenario's findings and counts are its own call's
+    earlier = scenario.model_copy(update={"secrets": None, "limits": {}})
     for number, step in enumerate(scenario.after, 1):
         document, decision = await evaluate(agent, rules, opa, step, earlier, labeller=labeller, session=session)
         if decision.effect != "deny":
@@ -236,7 +252,8 @@ def _holds(scenario: Scenario, document: dict[str, Any], decision: Decision) -> 
 
 
 def _describe(decision: Decision, document: dict[str, Any] | None = None) -> str:
-    by = f"rule {decision.rule_id}" if decision.rule_id else decision.source
+    kind = "limit" if decision.source == "limits" else "rule"
+    by = f"{kind} {decision.rule_id}" if decision.rule_id else decision.source
     shadow = "".join(f"; shadow rule {s['rule']} would {s['effect']}" for s in decision.shadow)
     said = decision.reason if decision.reason.startswith(f"{by}:") else f"{by}: {decision.reason}"  # yolo: true
     flow = f"; flow [{', '.join(decision.flow)}]" if decision.flow else ""
@@ -259,6 +276,11 @@ async def _run_tests(path: str | Path, opa_url: str | None, opa_path: str) -> in
         return 2
     agent = load_agent_file(path.parent / spec.agent_file)
     rules = load_rules(path.parent / spec.policy if spec.policy else default_rules_path())
+    wrong = [f"scenario {scenario.name!r}: {problem}" for scenario in spec.scenarios
+             for problem in policy_limits.problems(scenario.limits, rules)]
+    if wrong:
+        print("\n".join(f"toolkeeper: {path}: {problem}" for problem in wrong))
+        return 2
     for warning in rules.warnings(agent):
         print(f"WARN {warning}")
     engines: list[tuple[str, Rules | None, OpaPolicy | None]] = [(f"rules {rules.path.name}", rules, None)]
@@ -320,7 +342,13 @@ def explain(args: argparse.Namespace) -> int:
     opa = OpaPolicy(args.opa_url, args.opa_path, timeout=5) if args.opa_url else None
     principal = Principal(user=args.user, groups=args.groups) if args.user or args.groups else None
     session = SessionSpec(has=args.session_has) if args.session_has else None
+    counts = policy_limits.parse(args.limits)
+    wrong = policy_limits.problems(counts, rules) if counts else []
+    if wrong:
+        print(f"toolkeeper: {'; '.join(wrong)}", file=sys.stderr)
+        return 2
     situation = Situation(yolo=args.yolo, at=args.at, workdir=args.workdir, principal=principal, session=session,
+                          limits=counts,
                           agent={"id": args.agent_id,
                                  **({"header": args.agent_header} if args.agent_header is not None else {})})
 
@@ -344,6 +372,9 @@ def explain(args: argparse.Namespace) -> int:
             gives = f" [{', '.join(rule.labels)}]" if rule.effect == "label" else ""
             print(f"  {'MATCH' if rule.id in matched else '     '} {rule.id}: {rule.effect}{gives}{mode}")
         _print_commands(document)
+        if rules.limits:
+            print("\nlimits:")
+            print("\n".join(policy_limits.lines(rules, document)))
     if opa is not None:
         print(f"\nOPA {opa.url}/v1/data/{opa.path}: decision id {decision.decision_id}, "
               f"bundles {decision.revision}")

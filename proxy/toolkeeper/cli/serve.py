@@ -102,6 +102,11 @@ async def serve(agent, settings: Settings, *, worker: bool = False, ready_fd: in
               file=sys.stderr)
         await runner.cleanup()
         return 1
+    stop = asyncio.Event()
+    running = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        running.add_signal_handler(sig, stop.set)
+    running.add_signal_handler(signal.SIGHUP, app[RELOAD])  # read again: before the start line, so one sent on it holds
     if not worker:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         print(listening_line(agent, settings.host, port, app[RELOAD].describe(), loop=loop), flush=True)
@@ -109,11 +114,6 @@ async def serve(agent, settings: Settings, *, worker: bool = False, ready_fd: in
         os.write(ready_fd, app[RELOAD].describe().encode() + b"\n")
         os.close(ready_fd)
     settle_heap()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, app[RELOAD])  # read the agent file and the rules again
     await stop.wait()
     await runner.cleanup()
     return 0

@@ -12,8 +12,10 @@ from toolkeeper.engine.flows import Flows, conversation_session, door_session
 from toolkeeper.engine.history import DEFAULT_TTL, History
 from toolkeeper.engine.hooks import HookCalls, HookDecision
 from toolkeeper.engine.hosted import HostedTools
+from toolkeeper.engine.limits import CHARACTERS_PER_TOKEN, LimitReached
 from toolkeeper.engine.loop import MAX_ROUNDS, Engine, tool_name
-from toolkeeper.engine.mcp import McpDoor, McpSession, approve_definition, changed_fields, definition_diff
+from toolkeeper.engine.mcp import McpDoor, McpSession
+from toolkeeper.engine.mcppins import approve_definition, changed_fields, definition_diff
 from toolkeeper.engine.mock import MockModel, answer
 from toolkeeper.engine.secrets import AgentResults
 from toolkeeper.engine.types import (
@@ -29,6 +31,7 @@ from toolkeeper.engine.types import (
 )
 
 __all__ = [
+    "CHARACTERS_PER_TOKEN",
     "DEFAULT_TTL",
     "MAX_ROUNDS",
     "AgentResults",
@@ -41,6 +44,7 @@ __all__ = [
     "HookCalls",
     "HookDecision",
     "HostedTools",
+    "LimitReached",
     "McpDoor",
     "McpSession",
     "MockModel",

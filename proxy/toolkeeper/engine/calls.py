@@ -23,11 +23,12 @@ from toolkeeper.audit import AuditError, ExecutionRecord, Observer, Redactor, SQ
 from toolkeeper.common import canonical_json, digest, printable
 from toolkeeper.engine.flows import Flows
 from toolkeeper.engine.history import DEFAULT_TTL
+from toolkeeper.engine.limits import Limiter
 from toolkeeper.engine.memo import Attempt, RetryMemo
 from toolkeeper.engine.secrets import arguments_found, declared_result
 from toolkeeper.engine.types import ToolCall, TurnContext
 from toolkeeper.metrics import Metrics
-from toolkeeper.policy import Consent, ConsentRequest, Decision, Policy, arguments_hash, policy_input
+from toolkeeper.policy import Consent, ConsentRequest, Decision, Policy, arguments_hash, policy_input, with_limits
 from toolkeeper.runners import Caller, Runner, acting_for
 from toolkeeper.store import Store, StoreError, empty_session
 from toolkeeper.tools import DeclaredTool, check_call, invalid_call_answer, parse_arguments
@@ -103,6 +104,7 @@ class CallHandler:
         self.metrics = metrics or Metrics()
         self.redactor = audit.redactor if audit is not None else Redactor()
         self.flows = Flows(store, session_ttl, self.metrics)  # each call's session: what it had already done
+        self.limiter = Limiter(lambda: self.policy, store, self.metrics)  # the policy's limits, counted in the store
         # The steps in order; each answers, or returns None to go on. The run comes last.
         self.steps: tuple[Step, ...] = (self._detect_loop, self._check, self._replay, self._decide,
                                         self.record_before_run)
@@ -133,20 +135,37 @@ class CallHandler:
                     instead: Decision | None = None) -> Decision:
         """The policy's decision on one call in its session (read into `document` first), kept in the record
         (None: an offer, recorded only when withheld) with the call's labels and session; a rule on the session's
-        labels names the flow that led to it. `instead`: toolkeeper's own refusal, made before any rule is read."""
+        labels names the flow that led to it. `instead`: toolkeeper's own refusal, made before any rule is read.
+        The limits that select the call take their counts first (`Limiter.check`): the rules read them, and a
+        limit past its maximum decides beside them (the most restrictive wins)."""
         if record is not None:
             record.policy_input, record.labels = document, list(document["labels"])
             record.session = turn.session or None
         refused = instead or await self.flows.read(document, turn)
-        return refused or self.flows.counted(await self.policy.decide(document))
+        if refused:
+            return refused
+        limited = await self.limiter.check(record, document)
+        try:
+            decided = self.flows.counted(await self.policy.decide(document))
+        except BaseException:  # cancelled while OPA decided: what the limits took, given back
+            if record is not None:
+                await self.limiter.forget(record)
+            raise
+        return with_limits(decided, limited)
 
     async def noted(self, record: ExecutionRecord, turn: TurnContext, passed: bool | None = None) -> None:
         """The call's final decision taken into its session (`Flows.add`); a call let through whose labels the
         session could not keep is denied after all. The secrets in an egress call's arguments: recorded and
-        counted, with whether they went out."""
-        refused = await self.flows.add(record, turn, passed)
+        counted, with whether they went out. The limits' counts of a call that will not run: given back."""
+        try:
+            refused = await self.flows.add(record, turn, passed)
+        except BaseException:
+            await self.limiter.forget(record)
+            raise
         if refused is not None:
             record.decided_by(refused)
+        goes = refused is None and (record.decision == "allow" if passed is None else passed)
+        await self.limiter.settle(record, goes)  # a call that will not run gives its counts back
         arguments_found(record, self.metrics)
 
     def consent_for(self, turn: TurnContext) -> Consent:
@@ -173,6 +192,7 @@ class CallHandler:
         finally:
             if state.attempt is not None:
                 await state.attempt.end()
+            await self.limiter.forget(record)  # a call that never started gives back the counts it took
         record.answer = outcome.answer
         outcome.status = record.status
         await self.settle(record, outcome)
@@ -287,6 +307,7 @@ class CallHandler:
             state.attempt.started()
         try:
             turn = state.context.turn
+            self.limiter.started(record)
             with acting_for(Caller.of(turn.principal, turn.subject_token)):  # an MCP server may exchange its token
                 result = await self.runners[state.tool.spec.runner].run(state.tool, state.argv, state.values)
         except BaseException as exc:
@@ -295,6 +316,7 @@ class CallHandler:
         record.status = result.status if result.status in ("ok", "timeout") else "failed"
         record.exit_code, record.trap = result.exit_code, result.trap
         record.duration_ms = round(result.duration * 1000, 3)
+        await self.limiter.ran(record, record.duration_ms)
         record.output_bytes = result.stdout.total
         record.output_sha256 = result.stdout.digest()
         answer = declared_result(self, record, state.tool.spec.secrets, result.answer())  # no secret reaches the model
@@ -330,6 +352,9 @@ class CallHandler:
         self.metrics.add("toolkeeper_approvals_waiting", 1)
         try:
             answer = await self.consent_for(turn).ask(request)
+        except BaseException:  # cancelled while it waited (its agent left): what its limits took, given back
+            await self.limiter.forget(state.record)
+            raise
         finally:
             self.metrics.add("toolkeeper_approvals_waiting", -1)
             self.metrics.observe("toolkeeper_approval_wait_seconds", time.monotonic() - started)

@@ -169,22 +169,22 @@ class Engine:
         agent_tools = list(request.get("tools") or [])
         discovery = Discovery(index, active, {tool_name(t) for t in agent_tools}, messages)
         turn = _Turn(context, agent_messages, discovery, CallContext(context))
-        body = dict(request)
-        hidden = frozenset(discovery.hidden_names)
-        last: Round | None = None
+        body, hidden, last = dict(request), frozenset(discovery.hidden_names), None
+        budgets = self._budgets(context, body)
 
         for _ in range(self.max_rounds):
             offered = discovery.offered()
             _offer(body, agent_tools + [schemas[name] for name in offered] + discovery.schemas())
             body["messages"] = messages + turn.hidden
-            previous, last = last, None
+            previous, last = last, None  # type: Round | None, Round | None
             started, traced = time.monotonic(), context.trace.round() if context.trace is not None else None
-            async for event in model.round(body, hidden=hidden, previous=previous):
-                if type(event) is Visible:
-                    turn.see_all(event.deltas)
-                    yield event
-                else:
-                    last = event
+            async with self.handler.limiter.spending(budgets, body) as spent:  # a spent budget: no round
+                async for event in model.round(body, hidden=hidden, previous=previous):
+                    if type(event) is Visible:
+                        turn.see_all(event.deltas)
+                        yield event
+                    else:
+                        last = spent.answered = event
             last = self._counted(turn, last, started, traced)
             for observed in last.observed:
                 await self.hosted.observe(observed, context)
@@ -252,6 +252,14 @@ class Engine:
         results = [{"role": "tool", "tool_call_id": c.id, "content": answers[c.id]} for c in last.tool_calls
                    if c.id in answers]
         yield _Answered(results, ending, [c for c in last.tool_calls if c.id not in answers])
+
+    def _budgets(self, context: TurnContext, body: dict[str, Any]) -> list[Any]:
+        """The token limits that count this turn's rounds. A streamed Chat Completions round says its usage only
+        when asked: asked for while a budget counts it (the agent's own writer says it only if the agent asked)."""
+        budgets = self.handler.limiter.budgets(context)
+        if budgets and body.get("stream"):
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        return budgets
 
     def _counted(self, turn: _Turn, last: Round | None, started: float, traced: Any) -> Round:
         """A model round's end: counted in the turn, the trace and the metrics."""

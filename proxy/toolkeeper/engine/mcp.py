@@ -5,6 +5,7 @@
                   denies outright, and those whose definition changed since it was pinned
     tools/call -> a declared tool: one declared call (`CallHandler.handle`), `api: mcp`
                   a server's tool: pinned? -> rules -> consent -> recorded -> sent on -> recorded
+                  (pinned? on the server's last listing, at most its `pin_recheck` old: engine/mcppins.py)
 
 Results are MCP `CallToolResult`s as JSON: a server's is passed on unchanged;
 a refusal is a tool error (`isError: true`) whose text says why.
@@ -19,8 +20,6 @@ and is not shown that server's tools.
 from __future__ import annotations
 
 import asyncio
-import difflib
-import json
 import logging
 import secrets
 import time
@@ -32,11 +31,12 @@ from toolkeeper.common import canonical_json, printable, sha256_hex
 from toolkeeper.engine.calls import ANSWER_EXCERPT, CallContext, CallState, Outcome
 from toolkeeper.engine.discovery import Discovery
 from toolkeeper.engine.loop import Engine
+from toolkeeper.engine.mcppins import PinnedDefinitions
 from toolkeeper.engine.secrets import proxied_result
 from toolkeeper.engine.types import ToolCall, TurnContext
 from toolkeeper.policy import Consent, Decision
 from toolkeeper.runners import Caller, McpCallerRequired, McpConnection, McpServerError, McpServers, McpServerTimeout
-from toolkeeper.store import Store, StoreError, definition_digest
+from toolkeeper.store import Store
 from toolkeeper.tools import PROXIED_PREFIX, SEARCH_TOOL, McpServerSpec, mcp_tool, tool_schema
 
 log = logging.getLogger("toolkeeper")
@@ -80,55 +80,7 @@ def tool_error(text: str) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": text}], "isError": True}
 
 
-def changed_fields(before: dict[str, Any], after: dict[str, Any], depth: int = 2) -> list[str]:
-    """The fields that differ between two definitions, named down to `depth` (`annotations.readOnlyHint`,
-    `inputSchema.properties`): what a log line can say in a few words; the diff says the rest."""
-    changed = []
-    for key in sorted(set(before) | set(after)):
-        old, new = before.get(key), after.get(key)
-        if old == new:
-            continue
-        if depth > 1 and isinstance(old, dict) and isinstance(new, dict):
-            changed += [f"{key}.{inner}" for inner in changed_fields(old, new, depth - 1)]
-        else:
-            changed.append(key)
-    return changed
-
-
-def definition_diff(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """What changed in a tool's definition: a unified diff of its JSON."""
-    old = json.dumps(before, indent=2, sort_keys=True, ensure_ascii=False).splitlines()
-    new = json.dumps(after, indent=2, sort_keys=True, ensure_ascii=False).splitlines()
-    return "\n".join(difflib.unified_diff(old, new, "approved", "served now", lineterm=""))
-
-
-async def approve_definition(store: Store, audit: Any, server: str, tool: str, approver: str) -> dict[str, Any] | None:
-    """The definition a server's tool has now, taken in force by a person (`toolkeeper mcp approve`, the admin API),
-    and recorded in the trail with what changed; None when no such tool was seen."""
-    before = {(pin["server"], pin["tool"]): pin for pin in await store.pins()}.get((server, tool))
-    pin = await store.approve_definition(server, tool, approver) if before is not None else None
-    if pin is None or before is None:
-        return None
-    diff = definition_diff(before["definition"], before["seen_definition"])
-    fields = changed_fields(before["definition"], before["seen_definition"])
-    await audit.write("refused", _approval_record(server, tool, approver, fields, diff))  # one event, every field
-    log.info("MCP definition of %s %s approved by %s", printable(server), printable(tool), printable(approver))
-    return pin
-
-
-def _approval_record(server: str, tool: str, approver: str, fields: list[str], diff: str) -> ExecutionRecord:
-    """A definition taken in force by a person, for the trail: who, and what changed."""
-    record = ExecutionRecord(api="mcp", tool=f"{PROXIED_PREFIX}{server}__{tool}", runner="mcp", source="mcp",
-                             status="ok", call_id=f"definition-approved:{secrets.token_hex(4)}", approver=approver,
-                             consent="approved")
-    changed = f" (changed: {', '.join(fields)})" if fields else ""
-    record.decided_by(Decision("allow", "pin", f"the definition the server gives now was approved by "
-                                               f"{approver}{changed}"))
-    record.answer = diff
-    return record
-
-
-class McpDoor:
+class McpDoor(PinnedDefinitions):
     def __init__(self, engine: Engine, servers: McpServers, store: Store | None):
         self.engine = engine
         self.servers = servers
@@ -136,6 +88,7 @@ class McpDoor:
         # definition changes already in the trail: (server, tool, the pinned digest, the one served instead)
         self._reported: set[tuple[str, str, str, str]] = set()
         self._unlisted: set[tuple[str, str]] = set()  # `tools:` entries naming no tool of their server, logged
+        self._watch_servers()
 
     @property
     def handler(self) -> Any:
@@ -175,13 +128,6 @@ class McpDoor:
                 log.warning("MCP server %s lists no tool %s: its `tools:` entry (labels, secrets) applies to nothing",
                             spec.name, printable(name))
 
-    async def _server_pins(self, spec: McpServerSpec) -> dict[str, dict[str, Any]]:
-        """A server's pins in one read, for a listing; empty when unread (each tool is then read on its own)."""
-        try:
-            return await self.store.server_pins(spec.name) if self.store is not None else {}
-        except StoreError:
-            return {}
-
     def _declared_entries(self, session: McpSession) -> list[dict[str, Any]]:
         discovery = self._discovery(session)
         style = self.engine.agent.config.schema_style
@@ -201,46 +147,6 @@ class McpDoor:
         if self.handler.policy.denied_outright(document) is not None:
             return False
         return await self._pinned(spec, tool, pins.get(tool["name"])) is None
-
-    async def _pinned(self, spec: McpServerSpec, tool: dict[str, Any], pin: dict[str, Any] | None = None) -> str | None:
-        """None when the definition is the pinned one (or is pinned now, first seen); else why it is withheld.
-
-        Checked against the store each time, never against what this process once found pinned: a person may
-        approve another definition at any time, from the CLI or another replica, and a definition trusted here
-        before is then a change like any other. The pin is read (nothing written) while the server gives the
-        pinned definition; anything else updates what it was seen to give. `pin`: as a listing just read it."""
-        if self.store is None:
-            return None
-        seen = definition_digest(tool)
-        try:
-            pin = pin or await self.store.pin(spec.name, tool["name"])
-            if pin is None or not pin["digest"] == pin["seen_digest"] == seen:
-                pin = await self.store.see_definition(spec.name, tool["name"], tool)
-        except StoreError as exc:
-            return f"toolkeeper could not check its pinned definition ({exc})"
-        if not pin["changed"]:
-            return None
-        reported = (spec.name, tool["name"], pin["digest"], pin["seen_digest"])
-        if reported not in self._reported:  # each change from each pinned definition once in the trail
-            self._reported.add(reported)
-            await self._report_change(spec, pin)
-        fields = ", ".join(changed_fields(pin["definition"], pin["seen_definition"]))
-        return (f"its definition changed since it was approved ({fields}); an administrator must review the change "
-                f"(toolkeeper mcp approve {spec.name} {tool['name']})")
-
-    async def _report_change(self, spec: McpServerSpec, pin: dict[str, Any]) -> None:
-        """A changed definition goes in the trail, with what changed."""
-        diff = definition_diff(pin["definition"], pin["seen_definition"])
-        record = ExecutionRecord(agent="", api="mcp", tool=spec.proxied_name(pin["tool"]), runner="mcp",
-                                 source="mcp", status="withheld", call_id=f"definition:{pin['seen_digest'][:16]}",
-                                 policy_revision=self.handler.policy.revision)
-        fields = ", ".join(changed_fields(pin["definition"], pin["seen_definition"]))
-        record.decided_by(Decision("deny", "pin", f"the tool's definition changed since it was approved ({fields}): "
-                                                  f"withheld until `toolkeeper mcp approve {spec.name} {pin['tool']}`"))
-        record.answer = diff
-        log.warning("MCP server %s changed the definition of %s (%s): withheld until approved", spec.name,
-                    printable(pin["tool"]), printable(fields))
-        await self.handler.settle(record, Outcome(diff))
 
     # -- tools/call -------------------------------------------------------------------------
 
@@ -270,15 +176,15 @@ class McpDoor:
                                  call_id=f"mcp_{secrets.token_hex(6)}", arguments_sent=arguments, arguments=values,
                                  source="mcp", status="denied", policy_revision=self.handler.policy.revision,
                                  agent_revision=self.engine.agent.revision or None, session=turn.session or None)
-        answer = await self._proxied_answer(name, values, record, turn)
+        answer = await self._proxied_answer(name, values, record, turn, time.monotonic())
         if turn.trace is not None:  # tracing on: the call's span, under its request's
             turn.trace.tool(record)
         return answer
 
-    async def _proxied_answer(self, name: str, values: dict[str, Any], record: ExecutionRecord,
-                              turn: TurnContext) -> dict[str, Any]:
+    async def _proxied_answer(self, name: str, values: dict[str, Any], record: ExecutionRecord, turn: TurnContext,
+                              arrived: float) -> dict[str, Any]:
         try:
-            found = await self._server_tool(name, Caller.of(turn.principal, turn.subject_token))
+            found = await self._server_tool(name, Caller.of(turn.principal, turn.subject_token), arrived)
         except McpCallerRequired as exc:  # refused before any server is reached: a denied call, and why
             return await self._unreached(record, "denied", f"Not run: {exc}.")
         except McpServerError as exc:
@@ -286,8 +192,8 @@ class McpDoor:
         if found is None:
             return await self._unreached(record, "invalid",
                                          f"Unknown tool {name!r}: no MCP server toolkeeper serves has it.")
-        connection, tool = found
-        refused = await self._decide(connection, tool, record, turn)
+        connection, tool, withheld = found
+        refused = await self._decide(connection, tool, record, turn, withheld)
         if refused is not None:
             record.answer = refused
             await self.handler.settle(record, Outcome(refused))
@@ -303,23 +209,23 @@ class McpDoor:
         await self.handler.settle(record, Outcome(answer))
         return tool_error(answer)
 
-    async def _server_tool(self, name: str, caller: Caller | None) -> tuple[McpConnection, dict[str, Any]] | None:
-        """The connection the call goes through (the caller's own, for a server that exchanges its token) and the
-        tool's definition now."""
+    async def _server_tool(self, name: str, caller: Caller | None,
+                           arrived: float) -> tuple[McpConnection, dict[str, Any], str | None] | None:
+        """The connection the call goes through (the caller's own, for a server that exchanges its token), the
+        tool's definition as the server's last listing gives it, and why it is withheld (None: it is not)."""
         server, _, tool = name[len(PROXIED_PREFIX):].partition("__")
         connection = self.servers.connections.get(server)
         if connection is None:
             return None
         connection = connection.for_caller(caller)
-        # the server's definition now, not the one the client listed: a client lists once a session, and a server
-        # may change a tool after that; the pin is checked against what the call would reach
-        listed = {entry["name"]: entry for entry in await connection.refreshed()}
-        return (connection, listed[tool]) if tool in listed else None
+        # the server's definition as it last listed it, not the one the client listed: a client lists once a
+        # session, and a server may change a tool after that; the pin is checked against that listing
+        definition, withheld = await self._call_definition(connection, tool, arrived)
+        return (connection, definition, withheld) if definition is not None else None
 
     async def _decide(self, connection: McpConnection, tool: dict[str, Any], record: ExecutionRecord,
-                      turn: TurnContext) -> str | None:
+                      turn: TurnContext, withheld: str | None) -> str | None:
         """None when the call may be sent on (decided, and recorded); else what the client is told."""
-        withheld = await self._pinned(connection.spec, tool)
         if withheld is not None:
             record.decided_by(Decision("deny", "pin", withheld))
             return f"Not run: {record.tool} was not allowed ({withheld})."

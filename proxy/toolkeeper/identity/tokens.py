@@ -18,8 +18,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import jwt
-
 from toolkeeper.identity.issuer import IdentityError, Issuer
 from toolkeeper.identity.principal import Principal, chosen_claims, groups_of
 
@@ -60,6 +58,9 @@ class TokenChecker:
                              f"signatures are ({', '.join(ASYMMETRIC)})")
         if not audiences:
             raise ValueError("an audience is required: without one, a token made for any other service would do")
+        # PyJWT and `cryptography` (50 ms) load when tokens are to be checked, at the start, not in a request;
+        # a toolkeeper without `auth:` never imports them
+        import jwt  # noqa: F401
         self.issuer = issuer
         self.audiences = audiences
         self.algorithms = algorithms
@@ -69,6 +70,8 @@ class TokenChecker:
     async def claims(self, token: str, *, audiences: tuple[str, ...] | None = None,
                      nonce: str | None = None) -> dict[str, Any]:
         """The token's claims once every check holds; TokenRefused (or IssuerUnavailable) otherwise."""
+        import jwt  # loaded by __init__
+
         if len(token) > MAX_TOKEN_CHARACTERS:
             raise TokenRefused("the token is longer than any toolkeeper accepts")
         try:

@@ -29,6 +29,9 @@ from toolkeeper.policy.imports import (
     render_rules,
     render_scenarios,
 )
+from toolkeeper.policy.limits import Limit, amount_text, window_text, with_limits
+from toolkeeper.policy.limits import assess as assess_limits
+from toolkeeper.policy.limits import on_call as limits_on_call
 from toolkeeper.policy.opa import DEFAULT_PATH, OpaPolicy
 from toolkeeper.policy.policy import Policy, policy_input, tier_decision
 from toolkeeper.policy.replay import Replayed, Report, current_effect, replay_calls, replay_trail, text_report
@@ -64,6 +67,7 @@ __all__ = [
     "Effect",
     "Guarded",
     "ImportResult",
+    "Limit",
     "NoConsent",
     "OpaPolicy",
     "Policy",
@@ -75,7 +79,9 @@ __all__ = [
     "RulesError",
     "SecretFinding",
     "TerminalConsent",
+    "amount_text",
     "arguments_hash",
+    "assess_limits",
     "commands_in",
     "current_effect",
     "default_rules_path",
@@ -85,6 +91,7 @@ __all__ = [
     "guard_result",
     "has_terminal",
     "import_policy",
+    "limits_on_call",
     "load_rules",
     "local_user",
     "most_restrictive",
@@ -104,5 +111,7 @@ __all__ = [
     "strictest_secrets",
     "text_report",
     "tier_decision",
+    "window_text",
+    "with_limits",
     "withheld_notice",
 ]

@@ -22,12 +22,19 @@ never approved by that same person, whether they answer it, gave the always
 grant that would answer it, or approved an identical call of another user's.
 So an approval is also for one user: its key holds the user with the
 arguments. Denying one's own call is allowed: it only takes away.
+
+A new waiting call is announced (`announce`, given by the composition root:
+the notifier that sends it to the policy's `notify:` channels) once, when it
+is added; an identical call that joins it is not announced again. The
+announcement only schedules work: it never waits for a channel, and no
+failure of one reaches the ask.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from toolkeeper.common import canonical_json, sha256_hex
@@ -35,6 +42,11 @@ from toolkeeper.policy.consent import ConsentAnswer, ConsentRequest
 from toolkeeper.store import Store, StoreError, new_id
 
 log = logging.getLogger("toolkeeper")
+
+# What an announcement holds: the waiting call as a person may see it (its arguments and argv already redacted)
+ANNOUNCED = ("id", "agent", "tool", "arguments", "argv", "why", "rule", "source", "principal_user", "created",
+             "expires")
+Announce = Callable[[dict[str, Any]], None]
 
 def arguments_hash(arguments: dict[str, Any]) -> str:
     return sha256_hex(canonical_json(arguments))
@@ -71,9 +83,10 @@ def approval_key(request: ConsentRequest) -> str:
 class ApprovalsConsent:
     can_ask = True
 
-    def __init__(self, store: Store, timeout: float = 300):
+    def __init__(self, store: Store, timeout: float = 300, announce: Announce | None = None):
         self.store = store
         self.timeout = timeout
+        self.announce = announce  # told of each new waiting call (the notifier); never waited for
 
     async def ask(self, request: ConsentRequest) -> ConsentAnswer:
         try:
@@ -103,11 +116,20 @@ class ApprovalsConsent:
                             "agent_header": request.agent_header, "principal_user": request.user,
                             "principal_issuer": request.user_issuer}
                 await store.add_approval(approval)
+                self._announce(approval)
             log.warning("waiting for approval %s: %s, because %s (toolkeeper approve %s, or deny)", approval["id"],
                         request.summary(), request.why(), approval["id"])
             answer = await self._wait(approval["id"])
             if answer is not None:
                 return answer
+
+    def _announce(self, approval: dict[str, Any]) -> None:
+        if self.announce is None:
+            return
+        try:
+            self.announce({key: approval.get(key) for key in ANNOUNCED})
+        except Exception:  # a notifier's bug: the ask goes on (it times out to deny as it would have), logged
+            log.exception("announcing approval %s failed", approval["id"])
 
     async def _wait(self, approval_id: str) -> ConsentAnswer | None:
         """Until the approval moves (answered here, on another replica, or its time runs out); None when another

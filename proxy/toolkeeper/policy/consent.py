@@ -22,7 +22,7 @@ from typing import Any, Protocol, TextIO
 from toolkeeper.common import printable
 from toolkeeper.tools import render_scalar
 
-RULE_SOURCES = ("rules", "opa")  # an ask from these is the security team's: an always answer cannot lift it
+RULE_SOURCES = ("rules", "opa", "limits")  # an ask from these is the security team's: an always answer cannot lift it
 
 
 @dataclass(frozen=True)

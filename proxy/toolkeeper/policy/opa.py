@@ -26,8 +26,6 @@ import logging
 import urllib.parse
 from typing import Any
 
-from opa_client.opa_async import AsyncOpaClient
-
 from toolkeeper.policy.decision import Decision
 
 log = logging.getLogger("toolkeeper")
@@ -46,6 +44,9 @@ class OpaPolicy:
         self.timeout = timeout
         package, _, rule = self.path.rpartition("/")
         self._package, self._rule = package or rule, rule if package else None
+        # imported only when OPA is used: the client and `requests` under it cost every start 40 ms
+        from opa_client.opa_async import AsyncOpaClient
+
         # retries=0: a call waits on this answer; the timeout is the whole budget
         self.client = AsyncOpaClient(host=parsed.hostname, port=parsed.port or (443 if parsed.scheme == "https"
                                                                                   else 8181),

@@ -46,7 +46,8 @@ def policy_input(tool: DeclaredTool | str, arguments: Any, argv: list[str] | Non
     door says (a declared tool's is its own; a `local_shell` action names its own); `principal`: who the call is
     for (identity.Principal's document), else only the agent; `labels`: the call's own, its tool's and the label
     rules' (`Policy.labels`); `session`: what its session has seen (empty when none). `secrets` is the scan of an
-    `egress` call's arguments, filled in afterwards (none found here)."""
+    `egress` call's arguments, filled in afterwards (none found here); `limits` the counts of the limits that select
+    the call, filled in when they are taken (engine/limits.py)."""
     now = now or datetime.now().astimezone()
     if isinstance(tool, str):
         described = {"name": tool, "source": source, "kind": kind, "tier": tier,
@@ -71,6 +72,7 @@ def policy_input(tool: DeclaredTool | str, arguments: Any, argv: list[str] | Non
         "labels": sorted(set(labels)),
         "session": session if session is not None else empty_session(),
         "secrets": {"arguments": []},
+        "limits": {},
     }
 
 

@@ -12,6 +12,11 @@ The candidate's label rules add their labels to those recorded; the session
 is as it was recorded (what the earlier calls would have brought under the
 candidate is not replayed).
 
+A candidate's limits are replayed too (replay_limits.py): the calls in time
+order, counted as the store counts them, each checked before it is decided;
+a limit it would have been past decides beside the rules, and the report says
+what each limit selected, stopped, when first, and for whom.
+
 The trail's policy input is redacted: a secret-named argument reads
 `[redacted]`, and a secret's text is erased from the argv and from every other
 argument's text (`uses [redacted] here`). A candidate rule that tests such a
@@ -27,16 +32,19 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from toolkeeper.audit import REDACTED
 from toolkeeper.policy.decision import Decision
+from toolkeeper.policy.limits import with_limits
 from toolkeeper.policy.policy import Policy
+from toolkeeper.policy.replay_limits import LimitsReplay, LimitsReport
 from toolkeeper.policy.rules import Rule, Rules, RulesFile
 
-POLICY_SOURCES = ("rules", "opa", "tier", "yolo", "default", "policy", "consent")  # a policy decided these
+POLICY_SOURCES = ("rules", "opa", "tier", "yolo", "default", "policy", "consent", "limits")  # a policy decided
+#                                                                                          these
 RESTRICTS = ("deny", "ask")
 STRICTNESS = ("allow", "ask", "deny")  # the least strict first, as the most restrictive wins
 
@@ -103,6 +111,7 @@ class Report:
     transitions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (current, candidate): calls
     changes: list[Change] = field(default_factory=list)
     unjudged: list[Unjudged] = field(default_factory=list)  # cannot be judged from the trail (redacted values)
+    limits: LimitsReport | None = None  # what the candidate's limits did (None: it has none)
 
     @property
     def tightened(self) -> int:
@@ -123,7 +132,8 @@ class Report:
                 "transitions": [{"current": current, "candidate": candidate, "calls": count}
                                 for (current, candidate), count in sorted(self.transitions.items())],
                 "changes": [change.as_json() for change in self.changes],
-                "unjudged_calls": [call.as_json() for call in self.unjudged]}
+                "unjudged_calls": [call.as_json() for call in self.unjudged],
+                **({"limits": self.limits.as_json()} if self.limits is not None else {})}
 
 
 def current_effect(record: dict[str, Any]) -> str | None:
@@ -137,40 +147,52 @@ def current_effect(record: dict[str, Any]) -> str | None:
     return record["decision"]
 
 
-def replay_calls(records: Iterable[dict[str, Any]], candidate: Rules) -> Report:
+def replay_calls(records: Iterable[dict[str, Any]], candidate: Rules, *,
+                 shown: Callable[[dict[str, Any]], bool] | None = None) -> Report:
     """Decide each record's policy input under `candidate`: records are the trail's entries as dicts (at least
-    record_id, time, tool, source, agent, decision, decision_source, decision_rule, consent, policy_input)."""
+    record_id, time, tool, source, agent, decision, decision_source, decision_rule, consent, policy_input; status
+    and duration_ms for the candidate's limits). `shown`: whether a record is reported; the others (read before
+    the window, or of another tool) are only counted by the candidate's limits."""
     report = Report(candidate.revision)
+    limits = LimitsReplay.of(candidate)
+    if limits is not None:  # counted in time order, as the store counted them
+        report.limits = limits.report
+        records = sorted(records, key=lambda record: record.get("time") or 0.0)
     policies = {yolo: Policy(yolo, candidate) for yolo in (False, True)}
     loop = asyncio.new_event_loop()
     try:
         for record in records:
-            document, current = record.get("policy_input"), current_effect(record)
-            if not isinstance(document, dict) or "tool" not in document or current is None:
-                report.skipped += 1
-                continue
-            yolo = bool((document.get("mode") or {}).get("yolo"))
-            document = {**document, "labels": sorted({*(document.get("labels") or ()), *candidate.labels(document)[0]})}
-            record = {**record, "policy_input": document}
-            redacted = Redacted.of(document)
-            if redacted:
-                _replay_redacted(report, record, current, candidate, yolo, redacted, loop)
-            else:
-                _count(report, record, current, loop.run_until_complete(policies[yolo].decide(document)))
+            _replay(report, record, candidate, policies, limits, loop, shown is None or shown(record))
     finally:
         loop.close()
     return report
 
 
-def _replay_redacted(report: Report, record: dict[str, Any], current: str, candidate: Rules, yolo: bool,
-                     redacted: Redacted, loop: asyncio.AbstractEventLoop) -> None:
-    """A call whose policy input the trail redacted: decided by the candidate's rules that read no redacted value,
-    and reported apart when one that does could have made the outcome stricter."""
-    document = record["policy_input"]
-    blind = [rule for rule in candidate.rules if redacted.read_by(rule)]
-    decision = loop.run_until_complete(Policy(yolo, _without(candidate, blind)).decide(document))
-    stricter = [rule for rule in blind if _may_tighten(rule, decision, redacted, document)]
-    if stricter:
+def _replay(report: Report, record: dict[str, Any], candidate: Rules, policies: dict[bool, Policy],
+            limits: LimitsReplay | None, loop: asyncio.AbstractEventLoop, shown: bool) -> None:
+    """One record decided under the candidate: counted in the report when `shown`, and by its limits."""
+    document, current = record.get("policy_input"), current_effect(record)
+    if not isinstance(document, dict) or "tool" not in document or current is None:
+        report.skipped += 1 if shown else 0
+        return
+    yolo = bool((document.get("mode") or {}).get("yolo"))
+    document = {**document, "labels": sorted({*(document.get("labels") or ()), *candidate.labels(document)[0]})}
+    record = {**record, "policy_input": document}
+    limited = limits.check(record, document, shown) if limits is not None else None
+    redacted = Redacted.of(document)
+    stricter: list[Rule] = []
+    if redacted:  # decided by the candidate's rules that read no redacted value
+        blind = [rule for rule in candidate.rules if redacted.read_by(rule)]
+        decided = loop.run_until_complete(Policy(yolo, _without(candidate, blind)).decide(document))
+        decision = with_limits(decided, limited)
+        stricter = [rule for rule in blind if _may_tighten(rule, decision, redacted, document)]
+    else:
+        decision = with_limits(loop.run_until_complete(policies[yolo].decide(document)), limited)
+    if limits is not None:
+        limits.counted(record, decision.effect)
+    if not shown:
+        return
+    if stricter:  # a rule the trail cannot judge could have made the outcome stricter: reported apart
         report.replayed += 1
         report.unjudged.append(_unjudged(record, current, decision, stricter, redacted))
     else:
@@ -275,17 +297,28 @@ class Trail(Protocol):
 
 def replay_trail(trail: Trail, candidate: Rules, **window: Any) -> tuple[str, Report | None]:
     """The trail verified, then its calls in `window` (since, until, tool: None for any) replayed: (what the
-    verification found, the report; None when the chain does not verify, for a replay would prove nothing)."""
+    verification found, the report; None when the chain does not verify, for a replay would prove nothing).
+    A candidate with limits reads the longest of their windows before `since`, and every tool's calls: they
+    count, as they counted in the store, towards the limits of the calls reported."""
     intact, what = trail.verify()
     if not intact:
         return what, None
+    since, tool = window.get("since"), window.get("tool")
+
+    def in_window(entry: dict[str, Any]) -> bool:
+        return (since is None or entry["time"] >= since) and (tool is None or entry["tool"] == tool)
+
+    shown: Callable[[dict[str, Any]], bool] | None = None
+    longest = max((limit.per for limit in candidate.limits if limit.counts != "tokens"), default=0.0)
+    if longest and (since is not None or tool is not None):  # a limit counts what came before, of every tool
+        shown, window = in_window, {**window, "since": None if since is None else since - longest, "tool": None}
     entries = trail.records(**{name: value for name, value in window.items() if value is not None})
-    return what, replay_calls((vars(entry) for entry in entries), candidate)
+    return what, replay_calls((vars(entry) for entry in entries), candidate, shown=shown)
 
 
 def _count(report: Report, record: dict[str, Any], current: str, decision: Decision) -> None:
     report.replayed += 1
-    if decision.rule_id:
+    if decision.rule_id and decision.source != "limits":  # a limit's calls: in the report's limits
         report.by_rule[(decision.rule_id, decision.effect)] += 1
     for shadow in decision.shadow:
         report.shadow[(shadow["rule"], shadow["effect"])] += 1
@@ -317,6 +350,8 @@ def text_report(report: Report, limit: int | None = None) -> str:
     if report.shadow:
         lines.append("\nshadow rules that matched (recorded, not deciding):")
         lines += [f"  {rule}: would {effect} {count}" for (rule, effect), count in sorted(report.shadow.items())]
+    if report.limits is not None:
+        lines += report.limits.lines()
     if report.changes:
         lines.append("\ncalls that would change:")
         for change in report.changes[:limit]:

@@ -29,10 +29,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from toolkeeper.common import Strict
-from toolkeeper.policy.conditions import ArgvTest, Scope, ValueTest, dotted
+from toolkeeper.policy.channels import Channel
+from toolkeeper.policy.conditions import ValueTest
 from toolkeeper.policy.decision import Decision, most_restrictive
-from toolkeeper.policy.flows import LabelsTest, SessionTest, flow, label_names, secrets_found, strictest
-from toolkeeper.policy.situation import AgentTest, PrincipalTest, TimeTest
+from toolkeeper.policy.flows import flow, label_names, strictest
+from toolkeeper.policy.limits import Limit
+from toolkeeper.policy.when import When, globs_of
 from toolkeeper.tools import Agent
 
 log = logging.getLogger("toolkeeper")
@@ -40,101 +42,6 @@ log = logging.getLogger("toolkeeper")
 
 class RulesError(Exception):
     """The rules file cannot be used; the message names the file, the rule and the key."""
-
-
-def _globs(value: str | tuple[str, ...] | None) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    return (value,) if isinstance(value, str) else tuple(value)
-
-
-class When(Strict):
-    tool: str | tuple[str, ...] | None = None
-    source: Literal["declared", "agent", "hosted", "mcp"] | None = None  # declared, the agent's own, the model
-    #                                                                       server's, an MCP server's
-    kind: str | tuple[str, ...] | None = None  # the call's type, a glob: function, shell_call, apply_patch_call
-    runner: Literal["argv", "wasm", "mcp"] | None = None
-    tier: Literal["gated", "silent"] | None = None
-    argv: ArgvTest | None = None
-    arguments: dict[str, ValueTest] = Field(default_factory=dict)
-    agent: AgentTest | None = None
-    principal: PrincipalTest | None = None
-    time: TimeTest | None = None
-    labels: LabelsTest | None = None  # the call's own labels (its tool's, and the label rules')
-    session: SessionTest | None = None  # what its session has seen before it
-    secret: bool | None = None  # written `arguments: {secret: true}`: the scan found one in the arguments
-
-    @model_validator(mode="before")
-    @classmethod
-    def _secret(cls, value: Any) -> Any:
-        """`arguments: {secret: true}` tests the scan of the arguments, not an argument named `secret` (that is
-        tested with a mapping: `secret: {present: true}`)."""
-        if not isinstance(value, dict):
-            return value
-        if "secret" in value:
-            raise ValueError("`secret:` is written under arguments: `arguments: {secret: true}`")
-        arguments = value.get("arguments")
-        if isinstance(arguments, dict) and isinstance(arguments.get("secret"), bool):
-            rest = {name: test for name, test in arguments.items() if name != "secret"}
-            return {**value, "arguments": rest, "secret": arguments["secret"]}
-        return value
-
-    def holds(self, document: dict[str, Any], *, restricts: bool = False, notes: list[str] | None = None) -> bool:
-        """Every condition holds. Arguments that are not an object (an agent's call whose arguments are not
-        JSON) cannot be tested: a rule that `restricts` (deny, ask) then counts as matching, so a malformed call
-        cannot slip past it. `notes`: why a condition matched without knowing (a command it could not parse)."""
-        tool = document["tool"]
-        globs = _globs(self.tool)
-        if globs is not None and not any(fnmatch.fnmatchcase(tool["name"], glob) for glob in globs):
-            return False
-        if self.source is not None and tool.get("source", "declared") != self.source:
-            return False
-        kinds = _globs(self.kind)
-        if kinds is not None and not any(fnmatch.fnmatchcase(tool.get("kind", "function"), glob) for glob in kinds):
-            return False
-        if self.runner is not None and tool["runner"] != self.runner:
-            return False
-        if self.tier is not None and tool["tier"] != self.tier:
-            return False
-        scope = Scope(document.get("workdir"), tool.get("kind", "function"))
-        if self.argv is not None and not self.argv.holds(document.get("argv") or [], restricts=restricts,
-                                                         scope=scope):
-            return False
-        if self.arguments:
-            arguments = document.get("arguments")
-            readable = arguments is None or isinstance(arguments, dict)
-            if not (self._arguments_hold(arguments or {}, restricts, scope) if readable else restricts):
-                return False
-        if self.agent is not None and not self.agent.holds(document.get("agent") or {}):
-            return False
-        if self.principal is not None and not self.principal.holds(document.get("principal") or {}):
-            return False
-        if self.time is not None and not self.time.holds(document.get("request") or {}):
-            return False
-        if not self._flow_holds(document):
-            return False
-        if notes is not None:
-            notes.extend(scope.notes)
-        return True
-
-    def _flow_holds(self, document: dict[str, Any]) -> bool:
-        if self.labels is not None and not self.labels.holds(document.get("labels") or []):
-            return False
-        if self.session is not None and not self.session.holds(document.get("session")):
-            return False
-        return self.secret is None or secrets_found(document) == self.secret
-
-    @property
-    def tests_arguments(self) -> bool:
-        """It reads what the call is given (its arguments, the secrets in them, its argv), not only its tool."""
-        return bool(self.arguments) or self.secret is not None or self.argv is not None
-
-    def _arguments_hold(self, arguments: dict[str, Any], restricts: bool, scope: Scope) -> bool:
-        for name, test in self.arguments.items():
-            present, value = dotted(arguments, name)
-            if not test.holds(value, present, restricts=restricts, scope=scope):
-                return False
-        return True
 
 
 def _outside_enums(test: ValueTest, parameters: list[Any]) -> bool:
@@ -154,11 +61,17 @@ class Rule(Strict):
     mode: Literal["enforce", "shadow"] = "enforce"  # shadow: evaluated and recorded, never deciding
     labels: tuple[str, ...] = ()  # effect label: the labels it gives the calls it matches
     secrets: Literal["redact", "block", "allow"] | None = None  # a secret in a matching call's result
+    notify: tuple[str, ...] | None = None  # effect ask: the channels the ask goes to (None: the policy's default)
 
     @field_validator("labels", mode="before")
     @classmethod
     def _labels(cls, value: Any) -> Any:
         return label_names([value] if isinstance(value, str) else value)
+
+    @field_validator("notify", mode="before")
+    @classmethod
+    def _channels(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _deny_says_why(self) -> Rule:
@@ -171,6 +84,8 @@ class Rule(Strict):
         if self.effect == "label" and (self.when.session is not None or self.when.secret is not None):
             raise ValueError("a label rule cannot test session: or arguments: {secret: ...}: a call is labelled "
                              "before its session is read and its arguments scanned")
+        if self.notify is not None and self.effect != "ask":
+            raise ValueError("notify: is for an ask (effect: ask): no one is asked about what the rule decides")
         if self.effect == "label" and self.mode == "shadow":
             raise ValueError("a label rule cannot be a shadow rule: it decides nothing, and the labels it gives "
                              "change what the session's later calls are decided")
@@ -180,19 +95,21 @@ class Rule(Strict):
 class RulesFile(Strict):
     include: tuple[str, ...] = ()  # other rule files, relative to this one (or toolkeeper:NAME, one it ships)
     rules: tuple[Rule, ...] = ()
+    limits: tuple[Limit, ...] = ()
+    channels: dict[str, Channel] = Field(default_factory=dict)
+    notify: tuple[str, ...] = ()  # the channels of an ask no rule or limit names its own for
 
-    @field_validator("include", mode="before")
+    @field_validator("include", "notify", mode="before")
     @classmethod
     def _one(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _unique_ids(self) -> RulesFile:
-        seen = set()
-        for rule in self.rules:
-            if rule.id in seen:
-                raise ValueError(f"rule id {rule.id!r} is used twice")
-            seen.add(rule.id)
+        for what, ids in (("rule", [rule.id for rule in self.rules]), ("limit", [limit.id for limit in self.limits])):
+            twice = sorted({one for one in ids if ids.count(one) > 1})
+            if twice:
+                raise ValueError(f"{what} id {twice[0]!r} is used twice")
         return self
 
 
@@ -202,7 +119,17 @@ class Rules:
     def __init__(self, path: Path, parsed: RulesFile, revision: str):
         self.path = path
         self.rules = parsed.rules
+        self.limits = parsed.limits
+        self.channels = parsed.channels
+        self.notify = parsed.notify
         self.revision = revision
+
+    def channels_for(self, decided_by: str | None) -> tuple[str, ...]:
+        """The channels an ask goes to: those of the rule or limit that asked, else the policy's default."""
+        for one in (*self.rules, *self.limits):
+            if one.id == decided_by and one.notify is not None:
+                return one.notify
+        return self.notify
 
     def warnings(self, agent: Agent) -> list[str]:
         """What in these rules cannot be meant for this agent file: said at start and by `policy test`."""
@@ -230,7 +157,7 @@ class Rules:
                               "whatever the arguments would have been"))
             if rule.when.source in ("agent", "hosted", "mcp"):
                 continue  # the agent's own tools, the model server's and MCP servers': not in the agent file
-            globs = _globs(rule.when.tool)
+            globs = globs_of(rule.when.tool)
             tools = [t for t in agent.tools.values() if globs is None or any(fnmatch.fnmatchcase(t.name, g)
                                                                              for g in globs)]
             if globs is not None and all(glob.startswith("mcp__") for glob in globs):

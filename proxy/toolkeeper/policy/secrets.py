@@ -39,7 +39,8 @@ from typing import Any
 MIN_ENTROPY_LENGTH = 20  # shorter runs are words and ids; a real key is longer
 MAX_ENTROPY_LENGTH = 512  # longer runs of base64 are data: images, certificates, bundles
 CACHE_ENTRIES = 4096  # results remembered by digest (a conversation's history, many conversations over)
-CACHE_MIN_LENGTH = 32  # shorter texts (a word, a status) are scanned each time: they would crowd the cache out
+CACHE_MIN_LENGTH = 32  # shorter texts (a word, a status) are remembered apart: they would crowd the cache out
+SHORT_ENTRIES = 256  # of those: the arguments and results of the last calls (each is scanned for several events)
 
 # detect-secrets' plugin (module, class) -> the kind toolkeeper names; the plugins left out match words of prose
 # or code (keyword, artifactory's AP...), or public data (ip_public); hexadecimal entropy matches every digest.
@@ -364,8 +365,6 @@ class _Cache:
         self._lock = threading.Lock()  # the trail's writes may scan in a thread of their own
 
     def findings(self, text: str) -> tuple[Finding, ...]:
-        if len(text) < CACHE_MIN_LENGTH:
-            return tuple(find(text))
         key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
         with self._lock:
             kept = self._kept.get(key)
@@ -384,12 +383,12 @@ class _Cache:
             self._kept.clear()
 
 
-CACHE = _Cache()
+CACHE, SHORT = _Cache(), _Cache(SHORT_ENTRIES)
 
 
 def redaction(text: str) -> Redaction:
     """`redact`, its findings remembered by the text's digest: the same text again costs a hash."""
-    found = CACHE.findings(text)
+    found = (CACHE if len(text) >= CACHE_MIN_LENGTH else SHORT).findings(text)
     return Redaction(_replaced(text, found) if found else text, found)
 
 

@@ -2,6 +2,9 @@
 
     McpServers (the agent file's `mcp_servers:`)
       McpConnection: started on first use -> tools listed -> calls, each with the server's timeout
+        its last listing kept (McpListing: the tools, and when they were asked for), a listing under way shared
+        by whoever needs one as recent; the server's `notifications/tools/list_changed` (sent unasked before the
+        2026-07-28 protocol, on a `subscriptions/listen` stream held open from then on) marks it stale
         a call that fails with the connection (the server died) or outlasts its timeout (it hangs):
         a tool error saying so, the connection dropped (a stdio server's process ended), and the next use starts
         it again
@@ -21,8 +24,9 @@ import logging
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +72,21 @@ class McpAnswer:
         return "\n".join(texts) if texts else canonical_json(self.result).decode()
 
 
+@dataclass(frozen=True)
+class McpListing:
+    """One `tools/list` of a server: its tools as it listed them (JSON), and when it was asked for."""
+
+    asked: float  # time.monotonic() as the request went: what it says, the server gave then or later
+    tools: list[dict[str, Any]]
+
+    @cached_property
+    def by_name(self) -> dict[str, dict[str, Any]]:
+        return {tool["name"]: tool for tool in self.tools}
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        return self.by_name.get(name)
+
+
 @dataclass
 class McpConnection:
     spec: McpServerSpec
@@ -76,7 +95,10 @@ class McpConnection:
     _holder: asyncio.Task[None] | None = None
     _closing: asyncio.Event = field(default_factory=asyncio.Event)
     _starting: asyncio.Lock = field(default_factory=asyncio.Lock)
-    tools: list[dict[str, Any]] = field(default_factory=list)  # as the server listed them, JSON
+    listed: McpListing | None = None  # its last listing since it started; None once it stopped
+    changed_at: float = 0.0  # time.monotonic() when the server last said its tools changed (list_changed)
+    on_changed: Callable[[McpConnection], None] | None = None  # told when it says so (engine/mcppins.py re-lists)
+    _under_way: tuple[float, asyncio.Future[McpListing]] | None = None  # the listing asked for last, and when
     _failed: tuple[float, str] | None = None  # when the last start failed, and why
     tokens: ServerTokens | None = None  # its `auth:` tokens, shared with its callers' connections
     caller: Caller | None = None  # whom this connection acts for (token exchange: one connection per caller)
@@ -96,7 +118,8 @@ class McpConnection:
             raise McpCallerRequired(no_caller_token(self.spec.name))
         connection = self._callers.get(caller.key)
         if connection is None:
-            connection = McpConnection(self.spec, self.directory, tokens=self.tokens, caller=Caller(caller.key))
+            connection = McpConnection(self.spec, self.directory, tokens=self.tokens, caller=Caller(caller.key),
+                                       on_changed=self.on_changed)
             self._callers[caller.key] = connection
             if len(self._callers) > CALLERS_KEPT:
                 _, oldest = self._callers.popitem(last=False)
@@ -138,10 +161,12 @@ class McpConnection:
         from mcp import Client  # the SDK: for agents that list MCP servers only
 
         try:
-            async with Client(self._transport(), read_timeout_seconds=self.spec.timeout, cache=None) as client:
-                self.tools = await _list_all(client)
+            async with Client(self._transport(), read_timeout_seconds=self.spec.timeout, cache=None,
+                              message_handler=self._notified) as client:
+                asked = time.monotonic()
+                self.listed = McpListing(asked, await _list_all(client))
                 ready.set_result(client)
-                await self._closing.wait()
+                await self._held(client)
         except Exception as exc:  # the transport's own errors, grouped or not: said once, in words
             if not ready.done():
                 ready.set_exception(McpServerError(f"the MCP server {self.spec.name} could not be started: "
@@ -150,6 +175,49 @@ class McpConnection:
                 log.warning("MCP server %s: the connection ended: %s", self.spec.name, printable(_cause(exc)))
         finally:
             self._client = None
+
+    async def _held(self, client: Any) -> None:
+        """Until the connection is closed. On a 2026-07-28 connection, a server says its tools changed only on a
+        `subscriptions/listen` stream: one is held open meanwhile (an earlier protocol's server says it unasked)."""
+        import anyio
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._listen, client)
+            await self._closing.wait()
+            group.cancel_scope.cancel()
+
+    async def _listen(self, client: Any) -> None:
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+        held = client.protocol_version in MODERN_PROTOCOL_VERSIONS
+        while held:
+            held = False
+            try:
+                async with client.listen(tools_list_changed=True) as subscription:
+                    held = True
+                    async for _ in subscription:  # each event reaches _notified as well, which acts on it
+                        pass
+            except Exception as exc:  # a server that takes none: its listings are renewed by age alone
+                log.debug("MCP server %s: subscriptions/listen: %s", self.spec.name, printable(_cause(exc)))
+            if held:  # the stream ended under a live connection: what it missed (no replay) is listed anew
+                self.tools_changed()
+                await asyncio.sleep(1.0)
+
+    async def _notified(self, message: Any) -> None:
+        """What the server sends unasked: `notifications/tools/list_changed` makes its last listing stale."""
+        if getattr(message, "method", None) == "notifications/tools/list_changed":
+            self.tools_changed()
+
+    def tools_changed(self) -> None:
+        """The server said its tools changed: no call is decided on a listing asked for before now."""
+        self.changed_at = time.monotonic()
+        if self.on_changed is not None:
+            self.on_changed(self)
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """Its tools as it last listed them, JSON."""
+        return self.listed.tools if self.listed is not None else []
 
     def _transport(self) -> Any:
         if self.spec.url:
@@ -173,16 +241,38 @@ class McpConnection:
 
     async def refreshed(self) -> list[dict[str, Any]]:
         """Its tools as it lists them now (a server may change them while it runs)."""
-        if self._client is None:  # not running: starting it lists them
-            await self.client()
-            return self.tools
-        client = await self.client()
+        return (await self.listing(time.monotonic())).tools
+
+    @property
+    def listing_under_way(self) -> bool:
+        return self._under_way is not None and not self._under_way[1].done()
+
+    async def listing(self, since: float) -> McpListing:
+        """A listing asked for at `since` (time.monotonic()) or later: its last one when it is that recent, the one
+        under way when it was asked for since, else a new one. McpServerError when the server cannot list them (it
+        is then dropped, to be started again)."""
+        listed = self.listed
+        if listed is not None and listed.asked >= since and self._client is not None:
+            return listed
+        under_way = self._under_way
+        if under_way is None or under_way[0] < since or under_way[1].done():
+            asked = time.monotonic()
+            under_way = self._under_way = (asked, asyncio.ensure_future(self._list(asked)))
+            under_way[1].add_done_callback(_retrieved)
+        return await asyncio.shield(under_way[1])  # one caller given up on it does not end it for the others
+
+    async def _list(self, asked: float) -> McpListing:
+        client = await self.client()  # not running: starting it lists them
+        if self.listed is not None and self.listed.asked >= asked:
+            return self.listed
         try:
-            self.tools = await asyncio.wait_for(_list_all(client), self.spec.timeout)
+            listing = McpListing(asked, await asyncio.wait_for(_list_all(client), self.spec.timeout))
         except Exception as exc:
             await self.drop()
             raise McpServerError(f"the MCP server {self.spec.name} did not list its tools ({_cause(exc)})") from None
-        return self.tools
+        if self._client is client and (self.listed is None or self.listed.asked < asked):  # a later one may be in
+            self.listed = listing
+        return listing
 
     async def call(self, tool: str, arguments: dict[str, Any], timeout: float | None = None) -> McpAnswer:
         """One `tools/call`; a server that fails or outlasts the timeout (its own, unless a declared tool's is
@@ -191,7 +281,8 @@ class McpConnection:
         timeout = timeout or self.spec.timeout
         started = time.monotonic()
         try:
-            result = await asyncio.wait_for(client.call_tool(tool, arguments, read_timeout_seconds=timeout), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: no task of its own for each call
+                result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout)
         except TimeoutError:
             await self.drop()
             raise McpServerTimeout(f"the MCP server {self.spec.name} did not answer within {timeout:g} s; the call "
@@ -208,6 +299,7 @@ class McpConnection:
     async def drop(self) -> None:
         """The connection ended (a stdio server's process with it), and its callers' connections with it."""
         callers, self._callers = list(self._callers.values()), OrderedDict()
+        self.listed = None  # a server started again is listed again
         await asyncio.gather(*(connection.drop() for connection in callers))
         holder, self._holder, self._client = self._holder, None, None
         if holder is None:
@@ -243,6 +335,12 @@ def _in_background(work: Coroutine[Any, Any, Any]) -> None:
     task.add_done_callback(_BACKGROUND.discard)
 
 
+def _retrieved(done: asyncio.Future[Any]) -> None:
+    """A listing no one waits for any more: its failure is not logged as never retrieved."""
+    if not done.cancelled():
+        done.exception()
+
+
 def _connection_lost(exc: BaseException) -> bool:
     text = _cause(exc).lower()
     return any(word in text for word in ("closed", "connection", "eof", "broken pipe", "terminated"))
@@ -267,11 +365,10 @@ class McpServers:
     def get(self, name: str) -> McpConnection:
         return self.connections[name]
 
-    async def listed(self, name: str) -> list[dict[str, Any]]:
-        """A server's tools; raises McpServerError when it cannot be reached."""
-        connection = self.connections[name]
-        await connection.client()
-        return connection.tools
+    def watch(self, on_changed: Callable[[McpConnection], None]) -> None:
+        """`on_changed(connection)` when a server says its tools changed (its callers' connections too)."""
+        for connection in self.connections.values():
+            connection.on_changed = on_changed
 
     async def close(self) -> None:
         await asyncio.gather(*(connection.drop() for connection in self.connections.values()))

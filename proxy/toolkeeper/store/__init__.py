@@ -13,6 +13,7 @@ from pathlib import Path
 
 from toolkeeper.database import is_postgres_url
 from toolkeeper.store.base import LEASE, Claim, SQLStore, StoreError, new_id
+from toolkeeper.store.limits import Count, Taken
 from toolkeeper.store.pins import definition_digest
 from toolkeeper.store.schema import VERSION, SchemaError
 from toolkeeper.store.sessions import SEEN_KEPT, empty_session
@@ -30,5 +31,5 @@ def open_store(location: str | Path) -> SQLStore:
     return SQLiteStore(location)
 
 
-__all__ = ["LEASE", "SEEN_KEPT", "VERSION", "Claim", "SQLStore", "SQLiteStore", "SchemaError", "Store", "StoreError",
-           "definition_digest", "empty_session", "new_id", "open_store"]
+__all__ = ["LEASE", "SEEN_KEPT", "VERSION", "Claim", "Count", "SQLStore", "SQLiteStore", "SchemaError", "Store",
+           "StoreError", "Taken", "definition_digest", "empty_session", "new_id", "open_store"]

@@ -11,7 +11,9 @@
   within `LEASE` seconds and the retry runs the call;
 - approvals and always grants, with a wake-up when one is answered (at once in
   this process; through the database for the others);
-- the agents' sessions: the labels each conversation's calls brought (sessions.py).
+- the agents' sessions: the labels each conversation's calls brought (sessions.py);
+- what the limits counted (limits.py);
+- where each ask was sent, and whether it arrived (deliveries.py).
 
 `SQLStore` holds every statement; a dialect (sqlite.py, postgres.py) says how
 to run one. The statements use `?` and portable SQL (ON CONFLICT, RETURNING).
@@ -31,6 +33,10 @@ from typing import Any
 
 import orjson
 
+from toolkeeper.store.deliveries import Deliveries
+from toolkeeper.store.limits import KEPT as LIMITS_KEPT
+from toolkeeper.store.limits import PURGE as LIMITS_PURGE
+from toolkeeper.store.limits import LimitCounts
 from toolkeeper.store.people import PeopleSessions
 from toolkeeper.store.pins import Pins
 from toolkeeper.store.sessions import PURGE as SESSIONS_PURGE
@@ -104,7 +110,7 @@ class Tokens:
                                    (self.now(), name)) == 1
 
 
-class SQLStore(Tokens, Pins, PeopleSessions, Sessions):
+class SQLStore(Tokens, Pins, PeopleSessions, Sessions, LimitCounts, Deliveries):
     """Every operation, as SQL; the dialects implement `_fetch`, `_execute` and `_atomic`."""
 
     location = ""
@@ -128,7 +134,8 @@ class SQLStore(Tokens, Pins, PeopleSessions, Sessions):
         """A statement that changes rows: how many it changed."""
         raise NotImplementedError
 
-    async def _atomic(self, statements: list[tuple[str, Sequence[Any]]]) -> None:
+    async def _atomic(self, statements: list[tuple[str, Sequence[Any]]]) -> list[list[tuple]]:
+        """The statements in one transaction: each one's rows (none for a statement that returns none)."""
         raise NotImplementedError
 
     async def _announce(self, approval_id: str) -> None:
@@ -244,6 +251,8 @@ class SQLStore(Tokens, Pins, PeopleSessions, Sessions):
             ("DELETE FROM console_sessions WHERE expires <= ?", (now,)),
             ("DELETE FROM console_sign_ins WHERE expires <= ?", (now,)),
             *((statement, (now,)) for statement in SESSIONS_PURGE),
+            *((statement, (now - LIMITS_KEPT,)) for statement in LIMITS_PURGE),
+            ("DELETE FROM notify_deliveries WHERE updated <= ?", (now - LIMITS_KEPT,)),
         ])
 
     # -- approvals ------------------------------------------------------------------------

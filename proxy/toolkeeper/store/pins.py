@@ -19,6 +19,7 @@ in the diff. Nothing is approved again without a person.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -32,12 +33,24 @@ def definition_digest(definition: dict[str, Any]) -> str:
     return sha256_hex(canonical_json(definition))
 
 
+@lru_cache(maxsize=256)
+def _digest_of_stored(body: bytes | str) -> str:
+    """The digest of a definition as the store keeps it (every call reads its tool's pin: taken once each)."""
+    return definition_digest(orjson.loads(body))
+
+
 def _pin(row: tuple) -> dict[str, Any]:
     server, tool, _stored_digest, definition, _stored_seen_digest, seen_definition, approver, updated = row
+    definition, seen_definition = _hashable(definition), _hashable(seen_definition)
     approved, seen = orjson.loads(definition), orjson.loads(seen_definition)
-    digest, seen_digest = definition_digest(approved), definition_digest(seen)  # see above: never the stored ones
+    # see above: never the stored digests
+    digest, seen_digest = _digest_of_stored(definition), _digest_of_stored(seen_definition)
     return {"server": server, "tool": tool, "digest": digest, "definition": approved, "seen_digest": seen_digest,
             "seen_definition": seen, "approver": approver, "updated": updated, "changed": digest != seen_digest}
+
+
+def _hashable(body: Any) -> bytes | str:
+    return bytes(body) if isinstance(body, memoryview | bytearray) else body
 
 
 PIN_FIELDS = "server, tool, digest, definition, seen_digest, seen_definition, approver, updated"

@@ -126,6 +126,30 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             added {real} NOT NULL,
             PRIMARY KEY (session, label, record_id))""",
     ),
+    # 8: limits (limits.py): what each limit counted, by scope, in buckets of its window; and where the asks went
+    (
+        """CREATE TABLE IF NOT EXISTS limit_scopes (
+            limit_id TEXT NOT NULL,
+            scope TEXT NOT NULL,        -- whose count: `global`, `user=ada@example.com`, `agent=ci,tool=deploy`
+            touched {real} NOT NULL,    -- the row a reservation locks, so two replicas take turns on one count
+            PRIMARY KEY (limit_id, scope))""",
+        """CREATE TABLE IF NOT EXISTS limit_counts (
+            limit_id TEXT NOT NULL,
+            scope TEXT NOT NULL,
+            ends BIGINT NOT NULL,       -- the end of the bucket, in epoch seconds: counted while it is in the window
+            amount BIGINT NOT NULL,     -- calls, tokens, or milliseconds of run time
+            PRIMARY KEY (limit_id, scope, ends))""",
+        "CREATE INDEX IF NOT EXISTS limit_counts_ends ON limit_counts (ends)",
+        """CREATE TABLE IF NOT EXISTS notify_deliveries (
+            approval_id TEXT NOT NULL,
+            channel TEXT NOT NULL,
+            status TEXT NOT NULL,       -- sending, delivered, failed
+            attempts INTEGER NOT NULL,
+            error TEXT,                 -- the last failure, as the log says it
+            updated {real} NOT NULL,
+            PRIMARY KEY (approval_id, channel))""",
+        "CREATE INDEX IF NOT EXISTS notify_deliveries_updated ON notify_deliveries (updated)",
+    ),
 )
 VERSION = len(MIGRATIONS)
 

@@ -63,14 +63,14 @@ class SQLiteStore(SQLStore):
             except sqlite3.Error as exc:
                 raise StoreError(f"the store ({self.location}) failed: {exc}") from exc
 
-    async def _atomic(self, statements: list[tuple[str, Sequence[Any]]]) -> None:
+    async def _atomic(self, statements: list[tuple[str, Sequence[Any]]]) -> list[list[tuple]]:
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
-                    for sql, params in statements:
-                        self._db.execute(sql, tuple(params))
+                    found = [self._db.execute(sql, tuple(params)).fetchall() for sql, params in statements]
                     self._db.execute("COMMIT")
+                    return found
                 except BaseException:
                     self._db.execute("ROLLBACK")
                     raise

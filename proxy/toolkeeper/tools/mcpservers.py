@@ -108,6 +108,8 @@ class McpServerSpec(Strict):
     env: tuple[str, ...] | dict[str, str] = ()
     workdir: str | None = None
     timeout: float = Field(default=60, gt=0, le=24 * 3600)  # seconds a call may take before it is abandoned
+    # seconds a listing of its tools decides calls for (engine/mcppins.py); 0: it is listed before every call
+    pin_recheck: float = Field(default=60, ge=0, le=24 * 3600)
     tier: Literal["gated", "silent"] = "gated"  # as a declared tool's: gated calls ask unless yolo or a rule allows
     auth: McpServerAuth | None = None  # OAuth: a token fetched for this server (url: servers only)
     labels: Labels = ()  # every tool of the server's (labels.py)

@@ -6,6 +6,7 @@ pass-through.
     upstream.py   the model server client; errors.py: every error shape, one mapping of upstream failures
     hooks.py      the agents' own hook formats (Claude Code, Gemini CLI, Codex CLI), read and answered
     admin/        /toolkeeper/: the admin API, its guard, browser sessions, the console
+    notify/       asks sent to the policy's `notify:` channels (signed webhooks, Slack), with a link to the call
     intercept/    requests `toolkeeper intercept` re-routed, and its mitmproxy addon
 
 A new agent API is a new room in `apis/`, translating to and from the
@@ -20,13 +21,15 @@ from typing import Any
 # Each name's module, imported when the name is first used: `toolkeeper hook`, run before every tool call of an
 # agent, reads the hook formats without importing the server, the admin app and the adapters.
 _HOMES = {
-    "toolkeeper.wire.admin": ("AdminGuard", "Console", "admin_app", "approvals_api", "pins_api", "tools_api"),
+    "toolkeeper.wire.admin": ("AdminGuard", "Console", "LimitsView", "admin_app", "approvals_api", "limits_api",
+                              "pins_api", "tools_api"),
     "toolkeeper.wire.apis": ("ChatCompletions", "anthropic_tool", "flat_tool"),
     "toolkeeper.wire.errors": ("UpstreamError",),
     "toolkeeper.wire.hooks": ("HOOK_AGENTS", "HOOK_AGENTS_THAT_ASK", "HOOK_DECISIONS", "HookEvent", "HookFormatError",
                               "read_event", "render"),
     "toolkeeper.wire.intercept": ("ADDON", "ENDPOINTS", "HOST_NAME"),
-    "toolkeeper.wire.mcp": ("build_server", "serve_stdio"),
+    "toolkeeper.wire.mcp": ("build_server", "deferred_server", "serve_stdio"),
+    "toolkeeper.wire.notify": ("Notifier",),
     "toolkeeper.wire.server": ("Check", "Doors", "proxy_app"),
     "toolkeeper.wire.upstream": ("Upstream",),
 }
@@ -55,13 +58,17 @@ __all__ = [
     "Doors",
     "HookEvent",
     "HookFormatError",
+    "LimitsView",
+    "Notifier",
     "Upstream",
     "UpstreamError",
     "admin_app",
     "anthropic_tool",
     "approvals_api",
     "build_server",
+    "deferred_server",
     "flat_tool",
+    "limits_api",
     "pins_api",
     "proxy_app",
     "read_event",

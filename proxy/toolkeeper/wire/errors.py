@@ -45,15 +45,23 @@ class UpstreamFailed(Exception):
 
 
 class UpstreamError(Exception):
-    def __init__(self, status: int, body: bytes, content_type: str = "application/json"):
+    def __init__(self, status: int, body: bytes, content_type: str = "application/json",
+                 headers: dict[str, str] | None = None):
         super().__init__(f"upstream answered {status}")
         self.status = status
         self.body = body
         self.content_type = content_type
+        self.headers = headers or {}  # toolkeeper's own, for the agent's client (x-should-retry)
 
     @classmethod
     def ours(cls, status: int, message: str, code: str = "upstream_error") -> UpstreamError:
         return cls(status, openai_body(message, code))
+
+    @classmethod
+    def limit_reached(cls, reason: str) -> UpstreamError:
+        """A token budget spent: a 429 the OpenAI and Anthropic clients do not retry (`x-should-retry: false`,
+        which both read): the budget will not come back within their backoff."""
+        return cls(429, openai_body(reason, "limit_reached", "tokens"), headers={"x-should-retry": "false"})
 
     def error_object(self) -> dict[str, Any]:
         """The `error` object of the body (OpenAI's shape), or one that says what came."""
@@ -117,7 +125,8 @@ class ErrorShape:
     def response(self, error: UpstreamError) -> web.Response:
         """A failed turn, before anything was sent: its status, and its body in this shape."""
         content_type = "application/json" if self.anthropic else error.content_type
-        return web.Response(status=error.status, body=self.body(error), headers={"Content-Type": content_type})
+        return web.Response(status=error.status, body=self.body(error),
+                            headers={**error.headers, "Content-Type": content_type})
 
     def failed(self, exc: UpstreamFailed) -> UpstreamError:
         """The server's failure event as the agent's error: Anthropic's error object kept as it came."""

@@ -21,7 +21,7 @@ import orjson
 from aiohttp import web
 
 from toolkeeper.common import dumps
-from toolkeeper.engine import Engine, HookCalls
+from toolkeeper.engine import CHARACTERS_PER_TOKEN, Engine, HookCalls, LimitReached
 from toolkeeper.identity import Identity
 from toolkeeper.metrics import Metrics
 from toolkeeper.settings import Settings
@@ -221,7 +221,7 @@ class Probes:
         return web.json_response({"status": "ok"})  # healthy or not, to anyone: what it serves is the admin API's
 
     async def metrics_page(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
+        return web.Response(body=await self.metrics.page(), headers={"Content-Type": self.metrics.content_type})
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Ready when every component answered its last check, made in the background (a database that hangs
@@ -280,12 +280,35 @@ async def other_endpoint(request: web.Request, endpoints: Endpoints) -> web.Stre
         refused, body = await request.app[RESPONSES_KEY].refused_elsewhere(request, body)
     except StoreError as exc:
         return OPENAI.response(store_unavailable(exc))
-    return refused or await passthrough(request, body=body)
+    return refused or await budgeted(request, body)
 
 
-async def passthrough(request: web.Request, *, path: str | None = None,
-                      body: bytes | None = None) -> web.StreamResponse:
-    """What is not an agent API request (and not refused) goes upstream untouched, streamed both ways."""
+async def budgeted(request: web.Request, body: bytes | None) -> web.StreamResponse:
+    """A request toolkeeper passes on (a model endpoint it does not speak, embeddings) under the caller's token
+    budgets: refused once one is spent, and counted by its size (the answer goes as it came, its usage unread)."""
+    chat = request.app[CHAT_KEY]
+    limiter = chat.engine.handler.limiter
+    budgets = limiter.budgets(chat.context(request, b"")) if request.method == "POST" else []
+    if not budgets or limiter.store is None:
+        return await passthrough(request, body=body)
+    try:
+        await limiter.before_round(budgets)
+    except LimitReached as exc:
+        return shape_of(request.path).response(UpstreamError.limit_reached(exc.reason))
+    except StoreError as exc:
+        return OPENAI.response(store_unavailable(exc))
+    body = body if body is not None else await request.read()
+    relayed = [0]
+    try:
+        return await passthrough(request, body=body, relayed=relayed)
+    finally:
+        await limiter.count_tokens(budgets, (len(body) + relayed[0]) // CHARACTERS_PER_TOKEN)
+
+
+async def passthrough(request: web.Request, *, path: str | None = None, body: bytes | None = None,
+                      relayed: list[int] | None = None) -> web.StreamResponse:
+    """What is not an agent API request (and not refused) goes upstream untouched, streamed both ways (`relayed`:
+    the answer's bytes, counted)."""
     upstream = upstream_for(request, request.app[UPSTREAM_KEY])
     if path is None:
         path = request.path[3:] if request.path.startswith("/v1/") else request.path
@@ -309,6 +332,8 @@ async def passthrough(request: web.Request, *, path: str | None = None,
             response.headers["X-Content-Type-Options"] = "nosniff"
             await response.prepare(request)
             async for chunk in answer.content.iter_any():
+                if relayed is not None:
+                    relayed[0] += len(chunk)
                 await response.write(chunk)
             await response.write_eof()
             return response

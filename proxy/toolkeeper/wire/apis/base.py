@@ -24,7 +24,16 @@ import orjson
 from aiohttp import web
 
 from toolkeeper.common import dumps
-from toolkeeper.engine import Engine, Event, TurnContext, TurnResult, Visible, Working, conversation_session
+from toolkeeper.engine import (
+    Engine,
+    Event,
+    LimitReached,
+    TurnContext,
+    TurnResult,
+    Visible,
+    Working,
+    conversation_session,
+)
 from toolkeeper.metrics import Metrics
 from toolkeeper.store import StoreError
 from toolkeeper.tracing import RequestTrace, Tracing
@@ -333,11 +342,14 @@ class TurnWriter:
 
 
 def failure_of(exc: Exception) -> UpstreamError:
-    """What a failed turn is to the agent: the model server's error, the store's 503, or a bug of ours (500)."""
+    """What a failed turn is to the agent: the model server's error, the store's 503, a spent token budget's 429,
+    or a bug of ours (500)."""
     if isinstance(exc, UpstreamError):
         UPSTREAM_FAILURE.set(exc.status)
         return exc
     if isinstance(exc, StoreError):
         return store_unavailable(exc)
+    if isinstance(exc, LimitReached):
+        return UpstreamError.limit_reached(exc.reason)
     log.error("turn failed", exc_info=exc)
     return UpstreamError.ours(500, f"toolkeeper failed: {exc}", "toolkeeper_error")

@@ -23,6 +23,7 @@ from toolkeeper.common import printable
 from toolkeeper.engine import McpDoor, McpSession, door_session
 from toolkeeper.policy import Consent, ConsentAnswer, ConsentRequest
 from toolkeeper.tracing import TRACE_HEADERS, Tracing
+from toolkeeper.wire.mcp.stdio import INSTRUCTIONS, NAME
 
 log = logging.getLogger("toolkeeper")
 
@@ -32,8 +33,6 @@ PRINCIPAL_SCOPE_KEY = "toolkeeper.principal"  # who the request is for (an ident
 SUBJECT_TOKEN_SCOPE_KEY = "toolkeeper.subject_token"  # noqa: S105 - the scope entry holding the caller's token
 SESSION_HEADER = "mcp-session-id"  # Streamable HTTP's session, once the client initialised one
 CLIENTS_KEPT = 4096  # the clients whose searches are remembered, the least recent forgotten first
-INSTRUCTIONS = ("Tools served by toolkeeper: each call is checked against its declaration and the security team's "
-                "rules, may wait for a person's approval, and is recorded.")
 
 
 class ElicitationConsent:
@@ -69,12 +68,14 @@ def build_server(door: McpDoor, configured: Consent, version: str = "", tracing:
     # The SDK hands each request a session of its own (elicitation goes through it), so what a client's searches
     # found is kept by the client: its process over stdio, its agent and MCP session over HTTP.
     sessions: weakref.WeakKeyDictionary[Any, McpSession] = weakref.WeakKeyDictionary()
+    # over stdio, the process's one client: one flow session for all its calls (the SDK's session is per request)
+    stdio_session = door_session("mcp-stdio", secrets.token_hex(16))
     found_by_client: OrderedDict[tuple[str, ...], set[str]] = OrderedDict()
 
     def session_of(ctx: Any) -> McpSession:
         session = sessions.get(ctx.session)
         if session is None:
-            session = sessions[ctx.session] = _new_session(ctx, configured, types)
+            session = sessions[ctx.session] = _new_session(ctx, configured, types, stdio_session)
             client = _client_key(ctx, session)
             session.found = found_by_client.setdefault(client, session.found)
             found_by_client.move_to_end(client)
@@ -102,7 +103,7 @@ def build_server(door: McpDoor, configured: Consent, version: str = "", tracing:
                 await ctx.session.send_tool_list_changed()
         return types.CallToolResult.model_validate(result)
 
-    return Server("toolkeeper", version=version, instructions=INSTRUCTIONS, on_list_tools=list_tools,
+    return Server(NAME, version=version, instructions=INSTRUCTIONS, on_list_tools=list_tools,
                   on_call_tool=call_tool)
 
 
@@ -137,14 +138,14 @@ def _this_request(ctx: Any, session: McpSession) -> McpSession:
     return dataclasses.replace(session, principal=document, subject_token=scope.get(SUBJECT_TOKEN_SCOPE_KEY))
 
 
-def _new_session(ctx: Any, configured: Consent, types: Any) -> McpSession:
+def _new_session(ctx: Any, configured: Consent, types: Any, stdio_session: str) -> McpSession:
     request = getattr(ctx, "request", None)
     scope = getattr(request, "scope", None) or {}
     agent = scope.get(AGENT_SCOPE_KEY)
     params = getattr(ctx.session, "client_params", None)
     client_name = getattr(getattr(params, "client_info", None), "name", None) or "mcp-client"
     session = McpSession(agent=agent or printable(client_name)[:64], agent_header=scope.get(AGENT_HEADER_SCOPE_KEY),
-                         session=_flow_session(request, scope))
+                         session=_flow_session(request, scope) if request is not None else stdio_session)
     if not configured.can_ask and _declares_elicitation(ctx.session, types):
         session.consent = ElicitationConsent(ctx.session, printable(client_name)[:64], getattr(ctx, "request_id", None))
     return session
@@ -153,9 +154,7 @@ def _new_session(ctx: Any, configured: Consent, types: Any) -> McpSession:
 def _flow_session(request: Any, scope: dict[str, Any]) -> str:
     """The session its calls are decided in (engine/flows.py): over HTTP, the MCP session with whose it is (the
     credential that opened it, as the SDK's `user` holds it); a client that opened none shares one with every
-    other of that credential. Over stdio, the process's one client."""
-    if request is None:
-        return door_session("mcp-stdio", secrets.token_hex(16))
+    other of that credential. (Over stdio, the process's one client: build_server's.)"""
     user = scope.get("user")
     token = getattr(user, "access_token", None)
     owner = (str(scope.get(AGENT_SCOPE_KEY) or ""), str(getattr(token, "client_id", "")),

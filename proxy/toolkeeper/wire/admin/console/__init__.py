@@ -26,7 +26,7 @@ from toolkeeper.store import Store
 from toolkeeper.wire.admin.console.charts import ChartsPage
 from toolkeeper.wire.admin.console.layout import SECURITY_HEADERS, link, page, show
 from toolkeeper.wire.admin.console.oidc import OidcPages, destination
-from toolkeeper.wire.admin.console.queue import QueuePage
+from toolkeeper.wire.admin.console.queue import QueuePage, reopen_here
 from toolkeeper.wire.admin.console.replay import ReplayPage
 from toolkeeper.wire.admin.console.trail import TrailPages
 from toolkeeper.wire.admin.guard import PREFIX, AdminGuard, same_origin, served_over_https
@@ -70,6 +70,8 @@ class Console:
         """A page asked for without a session: the sign-in form (401); an API call gets JSON from the guard."""
         if request.method not in ("GET", "HEAD") or "text/html" not in request.headers.get("Accept", ""):
             return None
+        if (reopened := reopen_here(request)) is not None:  # a channel's link, followed from a chat message
+            return reopened
         return self._form(request, self._invitation, request.path_qs, 401)
 
     @property

@@ -104,7 +104,8 @@ def page(request: web.Request, title: str, body: str, status: int = 200) -> web.
     nav = ""
     if who is not None:
         places = [("/queue", "Approvals", {"approver", "admin"}), ("/audit", "Trail", {"auditor", "admin"}),
-                  ("/audit/charts", "Charts", {"auditor", "admin"}), ("/audit/replay", "Replay", {"auditor", "admin"})]
+                  ("/audit/charts", "Charts", {"auditor", "admin"}), ("/audit/replay", "Replay", {"auditor", "admin"}),
+                  ("/limits", "Limits", {"auditor", "approver", "admin"})]
         nav = "".join(f"<a href='{link(path)}'>{name}</a>" for path, name, roles in places if who.may(roles))
         email = who.person.email if who.person is not None else None
         nav += (f"<span class=who><span id=who-name>{show(who.name)}</span>"

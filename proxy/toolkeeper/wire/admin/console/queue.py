@@ -2,6 +2,7 @@
 
     GET  /toolkeeper/queue                          the waiting calls and the always grants
     GET  /toolkeeper/queue/live                     server-sent events: the queue as it changes
+    GET  /toolkeeper/queue/{id}                     one call: the page the `notify:` channels' links open
     POST /toolkeeper/queue/{id}/approve|always|deny  an answer (form: csrf, and a reason to deny)
     POST /toolkeeper/queue/grants/{id}/revoke        ends an always grant
 
@@ -12,6 +13,16 @@ for (when serve noted one), how long it has waited and how long it has left.
 The live stream sends each waiting call's HTML
 (rendered and escaped here), so the page's script only adds and removes rows
 and never builds markup from a value; a row being answered is left as it is.
+
+Each call also shows where its ask was sent (the policy's `notify:` channels:
+delivered, still trying and why, given up), and the queue says when a
+channel is failing. A call's own page is what a channel's link opens: it
+shows the call and the same forms, and opening it answers nothing. The
+session cookie is SameSite=Strict, so a link followed from another site (a
+chat message) arrives without it: that request is answered with a page that
+opens the same address again, now from this site, with the cookie
+(`reopen_here`); signed out, the second look is the sign-in form, which comes
+back to the call.
 """
 
 from __future__ import annotations
@@ -29,7 +40,8 @@ from toolkeeper.policy import four_eyes_refusal
 from toolkeeper.store import Store
 from toolkeeper.wire.admin.api import answer_approval
 from toolkeeper.wire.admin.console.layout import csrf_field, field, link, page, show, url, when
-from toolkeeper.wire.admin.guard import MASTER, Holder
+from toolkeeper.wire.admin.guard import MASTER, PREFIX, Holder
+from toolkeeper.wire.admin.sessions import SESSION_COOKIE
 
 # What a page says after an answer: fixed sentences, so a link cannot make the page say anything else.
 NOTICES = {
@@ -42,13 +54,17 @@ NOTICES = {
     "revoked": "always grant {id} revoked",
     "no-grant": "no always grant {id} in force",
 }
+# What a settled call's page says of it
+SETTLED = {"approved": "approved by {approver}; the call has not run yet", "used": "approved by {approver}",
+           "denied": "denied by {approver}: {reason}", "expired": "denied: {reason}"}
+FAILING_SINCE = 86400.0  # seconds: a channel whose latest delivery in this window failed is said to be failing
 LIVE_POLL = 1.0  # seconds between looks at the store for the live stream
 IDLE_CHECK = 5.0  # seconds between looks at who holds a stream that sends nothing: a revoked token ends it
 KEEPALIVE = 15.0
 VERBS = ("approve", "always", "deny")
 
 
-def _approval_html(approval: dict, request: web.Request) -> str:
+def _approval_html(approval: dict, request: web.Request, deliveries: list[dict] | None = None) -> str:
     approval_id = approval["id"]
     why = approval.get("why") or ""
     rule = approval.get("rule") or approval.get("source") or ""
@@ -61,6 +77,7 @@ def _approval_html(approval: dict, request: web.Request) -> str:
         field("arguments", approval.get("arguments"), block=True),
         field("argv", approval.get("argv")),
         field("asked at", when(approval.get("created"))),
+        _deliveries_html(deliveries or []),
     ])
     expires = approval.get("expires")
     who: Holder = request.get("identity") or MASTER
@@ -79,6 +96,59 @@ def _approval_html(approval: dict, request: web.Request) -> str:
             f" data-expires='{expires}'><h2>{show(approval['tool'])} <small>{show(approval_id)} · "
             f"waiting <span class=age></span>{' · <span class=left></span> left' if expires else ''}</small></h2>"
             f"<dl>{details}</dl><div class=actions>{forms}</div></section>")
+
+
+def _delivery_text(delivery: dict) -> str:
+    tries = f"attempt {delivery['attempts']}"
+    if delivery["status"] == "delivered":
+        return f"{delivery['channel']}: delivered ({tries})"
+    if delivery["status"] == "sending":
+        return (f"{delivery['channel']}: not delivered yet, {tries} failed: {delivery['error']}; trying again"
+                if delivery["error"] else f"{delivery['channel']}: sending")
+    return f"{delivery['channel']}: not delivered: {delivery['error']}"
+
+
+def _deliveries_html(deliveries: list[dict]) -> str:
+    """Where the ask was sent, one line per channel (a failing one marked)."""
+    if not deliveries:
+        return ""
+    lines = "".join(f"<li class='delivery {'ok' if d['status'] == 'delivered' else 'failed' if d['error'] else ''}'"
+                    f" data-channel='{show(d['channel'])}'>{show(_delivery_text(d))}</li>" for d in deliveries)
+    return f"<dt>sent to</dt><dd id=deliveries><ul>{lines}</ul></dd>"
+
+
+def _failing_html(failing: list[dict]) -> str:
+    """A note for each channel whose latest delivery failed: people may not know a call waits."""
+    return "".join(
+        f"<p class=refused data-failing='{show(d['channel'])}'>{show(d['channel'])} is not being reached: "
+        f"{show(d['error'])} ({show(when(d['updated']))}). Calls still wait here, and are denied when their time "
+        "runs out.</p>" for d in failing)
+
+
+def reopen_here(request: web.Request) -> web.Response | None:
+    """A call's page followed from another site (a channel's link) without a session cookie: the browser held
+    it back (SameSite=Strict), so the page opens itself once more, from this site, which sends it. Asked again
+    from here, it is not answered so: no loop."""
+    if (request.method != "GET" or request.headers.get("Sec-Fetch-Site") != "cross-site"
+            or SESSION_COOKIE in request.cookies or not request.path.startswith(PREFIX + "/queue/")):
+        return None
+    here = request.path_qs
+    return page(request, "Opening the call", f"<meta http-equiv=refresh content='0;url={show(here)}'>"
+                                             f"<p><a id=continue href='{show(here)}'>Open the call</a></p>")
+
+
+def _settled_html(approval: dict, deliveries: list[dict]) -> str:
+    """A call that no longer waits: what became of it, and what it was."""
+    given = {key: value for key, value in approval.items() if value is not None}
+    said = SETTLED.get(approval["status"], "{status}").format_map({"approver": "", "reason": "", **given})
+    details = "".join([field("agent", approval.get("agent")), field("for user", _user_of(approval)),
+                       field("asked by", approval.get("rule") or approval.get("source")),
+                       field("why", approval.get("why")), field("arguments", approval.get("arguments"), block=True),
+                       field("argv", approval.get("argv")), field("asked at", when(approval.get("created"))),
+                       _deliveries_html(deliveries)])
+    return (f"<p class=notice role=status id=settled>{show(approval['id'])} no longer waits: {show(said)}.</p>"
+            f"<section class=approval><h2>{show(approval['tool'])} <small>{show(approval['id'])}</small></h2>"
+            f"<dl>{details}</dl></section>")
 
 
 def _user_of(approval: dict) -> str | None:
@@ -112,6 +182,7 @@ class QueuePage:
     def __call__(self, app: web.Application) -> None:
         app.router.add_get("/queue", self.queue)
         app.router.add_get("/queue/live", self.live)
+        app.router.add_get("/queue/{id}", self.call)  # after /queue/live
         app.router.add_post("/queue/grants/{id}/revoke", self.revoke)
         app.router.add_post("/queue/{id}/{verb:approve|always|deny}", self.answer)
 
@@ -119,11 +190,26 @@ class QueuePage:
         waiting = await self.store.list_approvals("waiting")
         grants = await self.store.grants()
         notice = await self._notice(request.query.get("said", ""), request.query.get("id", ""))
-        rows = "".join(_approval_html(a, request) for a in waiting)
-        body = (f"{notice}<p id=empty{' hidden' if waiting else ''}>No call is waiting.</p>"
+        sent = await self.store.deliveries([a["id"] for a in waiting])
+        failing = await self.store.failing_channels(time.time() - FAILING_SINCE)
+        rows = "".join(_approval_html(a, request, sent.get(a["id"])) for a in waiting)
+        body = (f"{notice}{_failing_html(failing)}<p id=empty{' hidden' if waiting else ''}>No call is waiting.</p>"
                 f"<div id=queue data-live='{link('/queue/live')}'>{rows}</div>"
                 f"<h2>Always grants</h2><div id=grants>{_grants_html(grants, request)}</div>")
         return page(request, "Calls waiting for approval", body)
+
+    async def call(self, request: web.Request) -> web.Response:
+        """One call, waiting (with the queue's forms) or settled. Reading it changes nothing."""
+        approval_id = request.match_info["id"]
+        approval = await self.store.get_approval(approval_id)
+        back = f"<p><a href='{link('/queue')}'>All the calls waiting</a></p>"
+        if approval is None:
+            return page(request, "No such call", f"<p class=refused>No call {show(approval_id)} waits or waited for "
+                                                 f"approval here.</p>{back}", status=404)
+        deliveries = (await self.store.deliveries([approval_id])).get(approval_id, [])
+        shown = (_approval_html(approval, request, deliveries) if approval["status"] == "waiting"
+                 else _settled_html(approval, deliveries))
+        return page(request, f"Call {approval_id}", shown + back)
 
     async def live(self, request: web.Request) -> web.StreamResponse:
         """The queue as server-sent events: one `queue` event at once, then one each time it changes."""
@@ -133,7 +219,9 @@ class QueuePage:
         last, quiet, checked = b"", 0.0, 0.0
         while not self.closing.is_set():
             waiting, grants = await self.store.list_approvals("waiting"), await self.store.grants()
-            event = orjson.dumps({"rows": [{"id": a["id"], "html": _approval_html(a, request)} for a in waiting],
+            sent = await self.store.deliveries([a["id"] for a in waiting])
+            event = orjson.dumps({"rows": [{"id": a["id"], "html": _approval_html(a, request, sent.get(a["id"]))}
+                                           for a in waiting],
                                   "grants": _grants_html(grants, request)})
             due = event != last or quiet >= KEEPALIVE
             # Who holds the stream is looked up before each event it sends, after the queue is read: a token revoked

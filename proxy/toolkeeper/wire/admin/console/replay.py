@@ -7,7 +7,9 @@ The same report `toolkeeper policy replay` prints: the outcomes now and under
 the candidate, the candidate's rules that decided, the shadow rules that
 matched, each call that would change, and each call that cannot be judged
 from the trail (a candidate rule tests a value the trail redacted), linked to
-its record.
+its record; and for a candidate with limits, what each would have done (the
+calls it selected, those it would have denied or asked, the first, and the
+scopes that reached it).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from toolkeeper.audit import SQLAudit
-from toolkeeper.policy import Replayed, Report, RulesError, load_rules, replay_trail
+from toolkeeper.policy import Replayed, Report, RulesError, load_rules, replay_trail, window_text
 from toolkeeper.wire.admin.console.layout import csrf_field, link, page, show, when
 from toolkeeper.wire.admin.console.trail import typed_time
 
@@ -112,7 +114,31 @@ def _report(report: Report) -> str:
             f"<th>effect</th><th>calls</th></tr>{rules}</table>"
             + (f"<h2>Shadow rules that matched</h2><table id=shadow>{shadow}</table>" if shadow else "")
             + f"<h2>Calls that would change</h2><table id=changes><tr><th>time</th><th>tool</th><th>now</th>"
-            f"<th>candidate</th><th>reason</th></tr>{changes}</table>{more}" + _unjudged(report))
+            f"<th>candidate</th><th>reason</th></tr>{changes}</table>{more}" + _unjudged(report) + _limits(report))
+
+
+def _limits(report: Report) -> str:
+    """What each of the candidate's limits would have done over the calls (nothing when it has none)."""
+    if report.limits is None:
+        return ""
+    rows = ""
+    for tally in report.limits.tallies:
+        limit = tally.limit
+        reached = ", ".join(f"{show(scope)} ({calls})" for scope, calls in tally.top())
+        denied, asked = (tally.past, 0) if limit.effect == "deny" else (0, tally.past)
+        noun = "seconds of run time" if limit.counts == "run_time" else "calls"
+        rows += (f"<tr class=limit><td>{show(limit.id)}</td><td>{limit.max:g} {noun} per "
+                 f"{show(window_text(limit.per))} by {show(', '.join(limit.scope))}</td><td>{tally.selected}</td>"
+                 f"<td>{denied}</td><td>{asked}</td><td>{show(when(tally.first))}</td><td>{reached}</td></tr>")
+    rows += "".join(f"<tr class=limit><td>{show(limit.id)}</td><td>model tokens</td><td colspan=5>not replayed: the "
+                    "trail records no model round's usage</td></tr>" for limit in report.limits.tokens)
+    since = report.limits.since
+    counted = (f"Each call counted in time order, as the store counts it, from {show(when(since))}."
+               if since is not None else "No call was read.")
+    return (f"<h2>Candidate limits</h2><p>{counted}</p>"
+            "<table id=limits><tr><th>limit</th><th>max</th><th>calls "
+            "selected</th><th>would be denied</th><th>would ask</th><th>first</th><th>reached by</th></tr>"
+            f"{rows}</table>")
 
 
 def _unjudged(report: Report) -> str:
