@@ -68,13 +68,16 @@ AGENT = YOLO + recording_tool("lookup", "word", "Look a word up.", "The word.") 
 
 @pytest.fixture(scope="module")
 def limited(scripted, tmp_path_factory):
-    directory = tmp_path_factory.mktemp("limits")
+    yield from limited_server(scripted, tmp_path_factory.mktemp("limits"))
+
+
+def limited_server(scripted, directory):
+    """A toolkeeper with LIMITED's limits and rules, its agents listed (KEYS), no one to ask."""
     write_agent(directory, AGENT)
     (directory / "rules.yaml").write_text(RULES)
-    keys = directory / "keys.yaml"
-    keys.write_text(KEYS)
+    (directory / "keys.yaml").write_text(KEYS)
     with serving(scripted, directory, "--policy", str(directory / "rules.yaml"), "--consent", "none",
-                 "--agent-keys", str(keys)) as running:
+                 "--agent-keys", str(directory / "keys.yaml")) as running:
         yield running
 
 
@@ -222,13 +225,7 @@ def _sse(url: str, body: dict, headers: dict) -> tuple[int, str]:
 @pytest.fixture
 def budget(scripted, tmp_path):
     """A server of its own: each test spends its budget from nothing."""
-    write_agent(tmp_path, AGENT)
-    (tmp_path / "rules.yaml").write_text(RULES)
-    keys = tmp_path / "keys.yaml"
-    keys.write_text(KEYS)
-    with serving(scripted, tmp_path, "--policy", str(tmp_path / "rules.yaml"), "--consent", "none",
-                 "--agent-keys", str(keys)) as running:
-        yield running
+    yield from limited_server(scripted, tmp_path)
 
 
 def test_a_spent_token_budget_stops_the_next_round_of_a_streamed_chat_turn_with_an_error_event(scripted, budget):
