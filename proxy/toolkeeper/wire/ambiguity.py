@@ -31,7 +31,7 @@ from toolkeeper.wire.errors import MalformedResponse
 # Keys whose values are data a model or a user wrote, not the API's structure: their keys are not checked.
 DATA_KEYS = frozenset({"input", "arguments", "parameters", "input_schema", "schema", "metadata", "variables", "env",
                        "headers", "attributes", "annotations"})
-CONTAINERS = (dict, list)
+NOT_PLAIN = bytes(range(32)) + b'"\\'  # what a JSON string holds only escaped (or as its end)
 PLAIN_KEPT = 4096  # keys known to be in lower case, kept: at most so many (a server could send any number)
 _PLAIN: set[str] = set()
 
@@ -43,18 +43,41 @@ def read_alike(raw: bytes, parsed: Any) -> bool:
     return encoded == raw or _delimiters(encoded) == _delimiters(raw)
 
 
-def check_keys(raw: bytes, parsed: dict[str, Any], *, shallow: bool = False) -> None:
+def check_keys(raw: bytes, parsed: dict[str, Any], *, shallow: bool = False, texts: tuple[Any, ...] = ()) -> None:
     """MalformedResponse when a key of the API's structure in `parsed` (read from `raw`) is not in lower case.
-    Bytes with no upper case at all, and no escape (most stream events), have none; the others' objects are
-    walked (`shallow`: `parsed` and the objects it holds, not theirs)."""
-    if raw.isascii() and raw.lower() == raw and b"\\u" not in raw:
-        return  # no upper case, and none spelled with an escape
+    Bytes with no upper case at all, and no escape (most stream events), have none; nor have bytes whose upper
+    case is all in `texts` (string values `parsed` holds: `without_texts`); the others' objects are walked
+    (`shallow`: `parsed` and the objects it holds, not theirs)."""
+    if raw.isascii() and raw.islower() and raw.find(b"\\u") < 0:
+        return  # no upper case (and some lower case), and none spelled with an escape
+    check_keys_beside(raw, parsed, shallow=shallow, texts=texts)
+
+
+def check_keys_beside(raw: bytes, parsed: dict[str, Any], *, shallow: bool = False,
+                      texts: tuple[Any, ...] = ()) -> None:
+    """`check_keys`, for bytes its first test did not clear: with upper case, or an escape."""
+    if texts and raw.isascii() and raw.find(b"\\") < 0 and without_texts(raw, texts).islower():
+        return
     if not shallow:
         _check_all(parsed)
         return
     refuse_odd_keys(parsed)
     for value in parsed.values():
         refuse_odd_keys(value)
+
+
+def without_texts(raw: bytes, texts: tuple[Any, ...]) -> bytes:
+    """`raw` (valid JSON in ASCII with no backslash: each quote begins or ends a string, and no string holds
+    one) with each of `texts` (those with no quote, backslash or control character in them) taken out where it
+    follows a quote and a colon as a string (`":"TEXT"`). What is taken out is never a key: the quote before
+    the colon ends a key, then the text is its value; or it ends a string value, and what lies between the
+    quote after the colon and the next is not in a string. So no key's upper case is taken out with them."""
+    for text in texts:
+        if type(text) is str and text:
+            encoded = text.encode()
+            if encoded.translate(None, NOT_PLAIN) == encoded:
+                raw = raw.replace(b'":"' + encoded + b'"', b'":""')
+    return raw
 
 
 def plain_keys(value: dict[str, Any]) -> bool:
@@ -91,9 +114,11 @@ def _check_all(value: Any) -> None:
         if not value.keys() <= _PLAIN:
             refuse_odd_keys(value)
         for key, item in value.items():
-            if item and type(item) in CONTAINERS and key not in DATA_KEYS:
+            kind = type(item)
+            if (kind is dict or kind is list) and item and key not in DATA_KEYS:
                 _check_all(item)
     else:
         for item in value:
-            if item and type(item) in CONTAINERS:
+            kind = type(item)
+            if (kind is dict or kind is list) and item:
                 _check_all(item)

@@ -9,6 +9,8 @@ costs linear time; an event larger than `limit` is refused (`EventTooLarge`).
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class EventTooLarge(ValueError):
     pass
@@ -64,8 +66,8 @@ class TextShape:
     it, does not fit and is parsed. What fits has the learnt event's structure exactly, its text aside: a text
     without those bytes cannot end its string early or spell anything with an escape.
 
-    (Chat Completions' text chunks, and Messages' text deltas of one shown block; not Responses' events,
-    which a server numbers one by one, so their bytes differ in more than their text.)"""
+    (Chat Completions' text chunks, and Messages' text deltas of one shown block; Responses' deltas, which a
+    server numbers one by one, so that their bytes differ in more than their text, are `NumberedShape`'s.)"""
 
     def __init__(self) -> None:
         self.prefix: bytes | None = None
@@ -79,10 +81,14 @@ class TextShape:
         if b"\\" in event or event.count(encoded) != 1:
             return False  # the text's bytes must be found once, as themselves: then they are the text's string
         start = event.index(encoded)
-        suffix = event[start + len(encoded):]  # at least the string's closing quote
-        self.prefix, self.suffix, self.start, self.end = event[:start], suffix, start, -len(suffix)
-        self.around = len(event) - len(encoded)
+        self.known(event[:start], event[start + len(encoded):])  # the suffix: at least the string's closing quote
         return True
+
+    def known(self, prefix: bytes, suffix: bytes) -> None:
+        """The shape of events `prefix` + a text + `suffix`, whose structure with any plain text is known (learnt
+        from one parsed, or one written so that it parses to what its reader expects)."""
+        self.prefix, self.suffix, self.start, self.end = prefix, suffix, len(prefix), -len(suffix)
+        self.around = len(prefix) + len(suffix)
 
     def text_of(self, event: bytes) -> str | None:
         """The event's text if it has the learnt shape (None: parse it)."""
@@ -97,3 +103,106 @@ class TextShape:
             return inside.decode()
         except UnicodeDecodeError:
             return None  # parsed, to be refused as the JSON it is not
+
+
+class NumberedShape:
+    """A stream whose text events are numbered (Responses' `response.output_text.delta`: `sequence_number`) and
+    may carry a padding string (OpenAI's `obfuscation`, random characters that hide each piece's length): the
+    bytes around the text, the number and the padding are learnt from one event parsed and found to be a
+    piece of text of a shown item, relayable as it came. The next event fits when it has those bytes around a
+    plain text (printable, valid UTF-8, with no quote or backslash: as `TextShape` reads it, a little
+    stricter), the number after the last one read (`expected`), and a padding of plain ASCII (OpenAI's are
+    letters and digits): then it has the learnt event's structure exactly, those three values aside. Anything
+    else is parsed.
+
+    The learnt bytes are kept as three pieces: before the text (`head`), between the text's closing quote and
+    the padding (`middle`; the rest of the event when there is no padding), after the padding (`tail`). The
+    number sits inside one of them, kept as the bytes on each side of it."""
+
+    def __init__(self, number_key: bytes = b'"sequence_number":', pad_key: bytes = b'"obfuscation":"') -> None:
+        self.number_key = number_key
+        self.pad_key = pad_key
+        self.head: tuple[bytes, bytes | None] | None = None  # (before the number, after it), or (all, None)
+        self.middle: tuple[bytes, bytes | None] = (b"", None)
+        self.tail: tuple[bytes, bytes | None] | None = None  # None: no padding
+        self.fields: dict[str, Any] = {}  # the learnt event as parsed: the structure of every event that fits
+        self.pad = ""  # the padding of the event last read, when the shape has one
+
+    def learn(self, event: bytes, text: str, number: int | None, pad: str | None, fields: dict[str, Any]) -> bool:
+        """Learn from `event`, whose text, number and padding are those (None: it has none); False (and the shape
+        known before kept) when its bytes cannot say where each is."""
+        encoded = text.encode()
+        if b"\\" in event or not encoded or event.count(encoded) != 1:
+            return False
+        start = event.index(encoded)
+        end = start + len(encoded)
+        cuts = [(start, end)]
+        if pad is not None:
+            padding = pad.encode()
+            at = event.find(self.pad_key) + len(self.pad_key)
+            if not _plain_ascii(padding) or event.count(self.pad_key) != 1 or at < end \
+                    or event[at + len(padding):at + len(padding) + 1] != b'"':
+                return False
+            cuts.append((at, at + len(padding)))
+        pieces = [event[:start], *(event[cuts[i][1]:cuts[i + 1][0]] for i in range(len(cuts) - 1)),
+                  event[cuts[-1][1]:]]
+        split: list[tuple[bytes, bytes | None]] = [(piece, None) for piece in pieces]
+        if number is not None:
+            digits = b"%d" % number
+            if event.count(self.number_key) != 1:
+                return False
+            at = event.index(self.number_key) + len(self.number_key)
+            if event[at:at + len(digits)] != digits or event[at + len(digits):at + len(digits) + 1] not in (b",", b"}"):
+                return False
+            offset = 0
+            for position, piece in enumerate(pieces):  # the piece the number is in, cut around it
+                inside = at - offset
+                if inside >= 0 and inside + len(digits) <= len(piece):
+                    split[position] = (piece[:inside], piece[inside + len(digits):])
+                    break
+                offset += len(piece) + (cuts[position][1] - cuts[position][0] if position < len(cuts) else 0)
+            else:
+                return False
+        self.head = split[0]
+        self.middle = split[1]
+        self.tail = split[2] if pad is not None else None
+        self.fields = fields
+        return True
+
+    def read(self, event: bytes, expected: int) -> str | None:
+        """The event's text if it has the learnt shape, numbered `expected` (None: parse it); its padding, when
+        the shape has one, in `pad`."""
+        head = self.head
+        if head is None:
+            return None
+        before = head[0] if head[1] is None else b"%b%d%b" % (head[0], expected, head[1])
+        if not event.startswith(before):
+            return None
+        start = len(before)
+        middle = self.middle[0] if self.middle[1] is None else b"%b%d%b" % (self.middle[0], expected, self.middle[1])
+        tail = self.tail
+        if tail is None:
+            end = len(event) - len(middle)
+            if end < start or not event.endswith(middle):
+                return None
+        else:
+            end = event.find(b'"', start)
+            after = tail[0] if tail[1] is None else b"%b%d%b" % (tail[0], expected, tail[1])
+            padded = end + len(middle)
+            if end < 0 or not event.startswith(middle, end) or not event.endswith(after) \
+                    or padded > len(event) - len(after):
+                return None
+            padding = event[padded:len(event) - len(after)]
+            if not _plain_ascii(padding):
+                return None
+            self.pad = padding.decode()
+        try:
+            text = event[start:end].decode()
+        except UnicodeDecodeError:
+            return None  # parsed, to be refused as the JSON it is not
+        # plain: printable (no control character), no quote, no backslash (a text that is not is parsed)
+        return text if text.isprintable() and '"' not in text and "\\" not in text else None
+
+
+def _plain_ascii(value: bytes) -> bool:
+    return value.isascii() and value.translate(None, NOT_PLAIN) == value

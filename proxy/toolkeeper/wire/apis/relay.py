@@ -15,9 +15,11 @@ must not see.
   one travels on the Round: its head, the turn's first response). A streamed
   round goes through a reader (`read_relayed`); each event keeps its bytes
   (`RAW`) and its round (`ROUND`), so the writer can pass on as they came the
-  events it need not renumber. A whole round is relayed as its shown items.
-- `RelayWriter`: the agent's side, streamed: numbers the items of every round
-  into one answer, opens it once, and sends the held calls that went through.
+  events it need not renumber (those checked for it travel in a `Run`:
+  runs.py). A whole round is relayed as its shown items.
+- `RelayWriter` (relay_writer.py): the agent's side, streamed: numbers the
+  items of every round into one answer, opens it once, and sends the held
+  calls that went through.
 - `whole_output`: the agent's side, not streamed: the items of every round.
 """
 
@@ -28,17 +30,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import aiohttp
+import orjson
 
 from toolkeeper.common import dumps
-from toolkeeper.engine import Round, TurnResult, Visible
-from toolkeeper.wire.ambiguity import check_keys, read_alike
-from toolkeeper.wire.apis.base import TurnWriter
+from toolkeeper.engine import Round, Visible
+from toolkeeper.wire.ambiguity import check_keys, check_keys_beside, read_alike
+from toolkeeper.wire.apis.runs import RAW, ROUND, Run
 from toolkeeper.wire.errors import OPENAI, ErrorShape, MalformedResponse, UpstreamFailures, json_object
 from toolkeeper.wire.sse import EventSplitter
 from toolkeeper.wire.upstream import MAX_EVENT_BYTES, Upstream, is_event_stream, read_whole
 
-RAW = "_raw"  # an upstream event's own bytes, kept beside its parsed fields (parsed: with where its JSON begins)
-ROUND = "_round"  # which upstream round an event came from: items are numbered per round
 FIRST = "first"  # in a round's head: the turn's first response (or message) as its stream began: the agent's id
 
 Items = Callable[[list[dict[str, Any]], set[str], set[str] | None], list[dict[str, Any]]]
@@ -47,20 +48,29 @@ Items = Callable[[list[dict[str, Any]], set[str], set[str] | None], list[dict[st
 def parse_event(data: bytes, round_key: object, own: frozenset[str] = frozenset()) -> dict[str, Any]:
     """One SSE event's JSON (its `data:` lines; the `event:` line repeats the type), with its round, and its
     bytes (and where its JSON begins in them) when they may go on as they came: the usual shape, one event line
-    naming the event's type and one data line. Others are re-encoded by the writer. Its keys are checked
-    (wire/ambiguity.py): an event of a type in `own` (the answer's own, never relayed: toolkeeper keeps the
-    fields of its response or message and replaces what holds items) down to its objects' fields only."""
+    naming the event's type and one data line, of a type not in `own` (the answer's own events, never
+    relayed). Others are re-encoded by the writer. Its keys are checked (wire/ambiguity.py): an event of a type
+    in `own` (toolkeeper keeps the fields of its response or message and replaces what holds items) down to
+    its objects' fields only."""
     at = data.find(b"\n")
-    usual = data.startswith(b"event: ") and data[at:at + 7] == b"\ndata: " and data.find(b"\n", at + 1) < 0
+    usual = data.startswith(b"event: ") and data.startswith(b"\ndata: ", at) and data.find(b"\n", at + 1) < 0
     if usual:
         payload = data[at + 7:]
     else:
         payload = b"\n".join(line[5:].lstrip() for line in data.split(b"\n") if line.startswith(b"data:"))
-    event = json_object(payload, "a stream event")
+    try:
+        event = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        event = None
+    if type(event) is not dict:
+        event = json_object(payload, "a stream event")  # raises, saying what is wrong
     kind = event.get("type")
-    check_keys(payload, event, shallow=kind in own)
-    # whether each key is once in them is asked only of the events relayed (`RelayWriter.unpacked`)
-    event[RAW] = (data, at + 7) if usual and type(kind) is str and data[7:at] == kind.encode() else None
+    mine = kind in own
+    if not (payload.isascii() and payload.islower() and payload.find(b"\\u") < 0):  # `check_keys`'s own test
+        check_keys_beside(payload, event, shallow=mine)
+    # whether each key is once in them is asked only of the events relayed (`HoldingReader.ran`, the writer)
+    event[RAW] = (data, at + 7) if usual and not mine and type(kind) is str and data[7:at] == kind.encode() \
+        else None
     event[ROUND] = round_key
     return event
 
@@ -81,6 +91,10 @@ def round_head(head: dict[str, Any], started: dict[str, Any] | None, previous: R
 
 class HoldingReader:
     own_events: frozenset[str] = frozenset()  # the answer's own events (`parse_event`), read, never relayed
+    text_kind = ""  # the type of the events that add text (`text_of` says what text)
+    index_key = "index"  # where an item's event names its item
+    numbered = False  # whether the API numbers its events (`sequence_number`): a run's are the server's in a row
+    item_done = ""  # the type of the event that carries a finished item (relayed, the answer lists it)
 
     def __init__(self, hidden: frozenset[str], previous: Round | None):
         self.hidden = hidden
@@ -109,17 +123,64 @@ class HoldingReader:
         self.read(event)
         return self._shown
 
-    def take(self, data: bytes, round_key: object) -> list[dict[str, Any]]:
-        """One event as it came (its bytes): parsed, then fed."""
-        return self.feed(parse_event(data, round_key, self.own_events))
+    def take_all(self, events: list[bytes], round_key: object) -> list[Any]:
+        """The events of one network read, as they came (their bytes): what the agent may have now, in order
+        (events as parsed, and runs of events that may go on as they came: `Run`)."""
+        relay: list[Any] = []
+        self._shown, read, own, run = relay, self.read, self.own_events, None  # what `read` shows goes in
+        for data in events:
+            event = parse_event(data, round_key, own)
+            before = len(relay)
+            read(event)
+            run = self.ran(run, relay, before, event)
+        return relay
 
-    def visible(self, relay: list[dict[str, Any]], last: bool = False) -> Visible:
-        texts = tuple({"content": text} for event in relay if (text := self.text_of(event)))
+    def ran(self, run: Run | None, relay: list[Any], before: int, event: dict[str, Any],
+            number: Any = 0) -> Run | None:
+        """`event`, just read (`relay` held `before` entries): in the run it follows, or in a new one, when it was
+        shown at once, alone, and may go on as it came (its usual shape, each key once: `read_alike`; and its
+        number, `number`, the one after the run's); then the run. None: it stays as parsed, for the writer."""
+        if len(relay) != before + 1 or relay[before] is not event:
+            return None
+        raw = event[RAW]
+        numbered = self.numbered
+        if raw is None or (numbered and type(number) is not int):
+            return None
+        data, at = raw
+        round_key = event.pop(ROUND)
+        del event[RAW]
+        if not read_alike(data[at:], event):
+            event[RAW], event[ROUND] = None, round_key  # written as toolkeeper read it
+            return None
+        if run is None or (numbered and number != run.number + len(run.data)):
+            run = Run(number if numbered else 0, round_key)
+            relay[before] = run
+        else:
+            relay.pop()
+        kind = event["type"]
+        run.parsed(data, event, event.get(self.index_key), self.text_of(event) if kind == self.text_kind else None)
+        if kind == self.item_done:
+            run.items.append(event["item"])
+        return run
+
+    def take(self, data: bytes, round_key: object) -> list[dict[str, Any]]:
+        """One event as it came: what the agent may have now, each event as the API has it."""
+        return [event for kept in self.take_all([data], round_key)
+                for event in (kept.expanded() if type(kept) is Run else (kept,))]
+
+    def visible(self, relay: list[Any], last: bool = False) -> Visible:
+        texts: list[dict[str, str]] = []
+        text_kind = self.text_kind
+        for event in relay:
+            if type(event) is Run:
+                texts += [{"content": text} for text in event.texts]
+            elif event["type"] == text_kind and (text := self.text_of(event)):
+                texts.append({"content": text})
         head = self._head
         if head is None:
             head = round_head({"id": (self.started or {}).get("id")}, self.started, self.previous)
             self._head = head if self.started is not None else None
-        return Visible(texts, head, tuple(relay), last)
+        return Visible(tuple(texts), head, tuple(relay), last)
 
     def starts(self, index: int, *, holds: bool, hidden: bool, own_call: str | None = None) -> None:
         """An item begins: held until the next, or it settles the held ones (hidden with it, or shown, or
@@ -127,7 +188,7 @@ class HoldingReader:
         if holds:
             self._held[index] = []
             return
-        before = [event for held in sorted(self._held) for event in self._held[held]]
+        before = [event for held in sorted(self._held) for event in self._held[held]] if self._held else []
         if hidden:
             self._dropped.update(self._held)
         elif own_call is not None:
@@ -155,9 +216,11 @@ class HoldingReader:
 
     def settled(self, found: Round) -> Round:
         """The round ended: a held item with nothing after it stays hidden; the agent's calls ride on the Round."""
-        self._dropped.update(self._held)
-        self._held.clear()
-        found.held = [self.awaiting[index] for index in sorted(self.awaiting)]
+        if self._held:
+            self._dropped.update(self._held)
+            self._held.clear()
+        if self.awaiting:
+            found.held = [self.awaiting[index] for index in sorted(self.awaiting)]
         return found
 
 
@@ -168,11 +231,11 @@ async def read_relayed(response: aiohttp.ClientResponse, reader: HoldingReader) 
     events = EventSplitter(MAX_EVENT_BYTES)
     content = response.content
     async for data in content.iter_any():
-        relay = [kept for event in events.feed(data) for kept in reader.take(event, round_key)]
+        relay = reader.take_all(events.feed(data), round_key)
         if relay:
             yield reader.visible(relay, content.at_eof())
     last = events.rest()
-    relay = reader.take(last, round_key) if last else []
+    relay = reader.take_all([last], round_key) if last else []
     found = reader.finish()
     if relay:
         yield reader.visible(relay, True)
@@ -210,6 +273,11 @@ class RelayingModel:
     def round_of(self, answer: dict[str, Any], raw: bytes | None) -> Round:
         raise NotImplementedError
 
+    @staticmethod
+    def texts_of(answer: dict[str, Any]) -> tuple[Any, ...]:
+        """The texts a whole answer says, where the upper case of its bytes usually is (`check_keys`)."""
+        return ()
+
     def prepared(self, found: Round) -> Round:
         """A round's calls as the engine is to decide on them (what the agent's request says of them)."""
         return found
@@ -230,14 +298,15 @@ class RelayingModel:
         """A whole answer: its text and shown items, then the Round. Its bytes can go back as they came only
         when nothing was hidden (a server echoes the tools it was sent), the agent asked for JSON, and every
         parser reads them alike."""
-        answer = json_object(raw, self.api.answer)
-        if not isinstance(answer.get(self.api.listed, []), list):
-            raise MalformedResponse(f"{self.api.answer} without its {self.api.listed} list")
-        check_keys(raw, answer)
+        api = self.api
+        answer = json_object(raw, api.answer)
+        if not isinstance(answer.get(api.listed, []), list):
+            raise MalformedResponse(f"{api.answer} without its {api.listed} list")
+        check_keys(raw, answer, texts=self.texts_of(answer))
         passed = not (self.streaming or hidden) and read_alike(raw, answer)
         found = self.prepared(self.round_of(answer, raw if passed else None))
         found.head = round_head(found.head, answer, previous)
-        shown = () if self.streaming else tuple(self.api.items(found.message[self.api.kept_in], set(hidden), None))
+        shown = () if self.streaming else tuple(api.items(found.message[api.kept_in], set(hidden), None))
         text = found.message.get("content")
         visible = Visible(({"content": text},) if text else (), found.head, shown)
         return [visible, found] if text or shown else [found]
@@ -257,8 +326,7 @@ def shown_entries(entries: list[dict[str, Any]], hidden: set[str] | frozenset[st
         if entry.get("type") in held:
             pending.append(entry)
             continue
-        refused = allowed is not None and id_of(entry) not in allowed
-        if not (is_call(entry) and (name_of(entry) in hidden or refused)):
+        if not (is_call(entry) and (name_of(entry) in hidden or (allowed is not None and id_of(entry) not in allowed))):
             shown.extend(pending)
             shown.append(entry)
         pending = []
@@ -268,69 +336,9 @@ def shown_entries(entries: list[dict[str, Any]], hidden: set[str] | frozenset[st
 def whole_output(rounds: list[tuple[Any, ...]], items: Items, allowed: set[str]) -> list[dict[str, Any]]:
     """A whole turn's items as the agent sees them: every round's shown items (`rounds`, one tuple a round),
     of which only the last round's calls can have gone to the agent, and of those the ones in `allowed`."""
+    if len(rounds) == 1:  # the usual turn: its one round's items
+        return items(list(rounds[0]), set(), allowed)
     output: list[dict[str, Any]] = []
     for shown in rounds:
         output = items(output, set(), set()) + list(shown)  # a round after it: none of its calls went
     return items(output, set(), allowed)
-
-
-class RelayWriter(TurnWriter):
-    """A streamed turn of relayed events: the server's own bytes where nothing is renumbered."""
-
-    def __init__(self, request: Any, keepalive: float):
-        super().__init__(request, keepalive)
-        self.first: dict[str, Any] | None = None  # the turn's first response or message: the agent's
-        self.indexes: dict[tuple[object, int], int] = {}  # (round, the server's index) -> the agent's
-
-    def opening(self) -> list[bytes]:
-        """The events that open the answer, once `first` is known (and only once)."""
-        raise NotImplementedError
-
-    def relayed(self, event: dict[str, Any]) -> bytes:
-        raise NotImplementedError
-
-    async def closing(self, result: TurnResult) -> list[bytes]:
-        """The events that end the answer (toolkeeper's closing words, the totals)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def unpacked(event: dict[str, Any]) -> tuple[bytes | None, object]:
-        """An event's own bytes (None: re-encode it) and its round, taken off it: what is left is the event as the
-        API has it. Bytes that were parsed go on only when every parser reads them so (wire/ambiguity.py); those
-        of a text read by its shape have the structure of such bytes."""
-        raw, round_key = event.pop(RAW, None), event.pop(ROUND, None)
-        if type(raw) is tuple:
-            data, at = raw
-            raw = data if read_alike(data[at:], event) else None
-        return raw, round_key
-
-    def number(self, round_key: object, index: int) -> int:
-        """The agent's index of a round's item: one sequence over every round."""
-        return self.indexes.setdefault((round_key, index), len(self.indexes))
-
-    def own_index(self) -> int:
-        """An index for an item of toolkeeper's own (its closing words), after every relayed one."""
-        index = len(self.indexes)
-        self.indexes[(None, -1 - index)] = index
-        return index
-
-    async def working(self, head: dict[str, Any] | None) -> None:
-        await self._send(head, ())  # what the round showed goes out before the tool runs
-
-    async def visible(self, event: Visible) -> None:
-        await self._send(event.head, event.relay, event.last)
-
-    async def _send(self, head: dict[str, Any] | None, events: tuple[Any, ...] | list[Any],
-                    hold: bool = False) -> None:
-        self.first = self.first or (head or {}).get(FIRST)
-        parts = [*self.opening(), *(self.relayed(event) for event in events)]
-        if parts:
-            await self.write(b"".join(parts), hold=hold)
-
-    async def finish(self, result: TurnResult) -> None:
-        self.first = self.first or result.last.head.get(FIRST)
-        allowed = {call.id for call in result.tool_calls}
-        held = [event for call_id, events in result.last.held if call_id in allowed for event in events]
-        parts = [*self.opening(), *(self.relayed(event) for event in held)]
-        parts += await self.closing(result)
-        await self.end(b"".join(parts))

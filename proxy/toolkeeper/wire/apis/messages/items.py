@@ -140,18 +140,32 @@ def check_block(block: dict[str, Any]) -> None:
 
 
 def round_from_message(message: dict[str, Any], raw: bytes | None = None) -> Round:
+    """One upstream message as the engine's Round (its blocks read in one loop: text, calls, the server's)."""
     blocks = [b for b in message.get("content") or [] if isinstance(b, dict)]
+    calls: list[ToolCall] = []
+    texts: list[str] = []
+    served = False
     for block in blocks:
-        check_block(block)
-    calls = [ToolCall(b.get("id") or "", b.get("name") or "", b.get("input", {}), {CALL_BLOCK: b})
-             for b in blocks if b.get("type") == "tool_use"]
+        check_block(block)  # every block first: a kind of call toolkeeper does not know refuses the answer
+    for block in blocks:
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(block.get("text", ""))
+        elif kind == "tool_use":
+            calls.append(ToolCall(block.get("id") or "", block.get("name") or "", block.get("input", {}),
+                                  {CALL_BLOCK: block}))
+        elif kind in SERVER_CALLS:
+            served = True
     stop = message.get("stop_reason")
     finish = "tool_calls" if stop == "tool_use" else "length" if stop == "max_tokens" else "stop"
-    head = {"id": message.get("id"), "model": message.get("model"),
-            "message": {k: v for k, v in message.items() if k not in ("content", "usage")}}
-    text = assistant_message(blocks).get("content")
+    fields = dict(message)  # the message but its blocks and usage
+    fields.pop("content", None)
+    fields.pop("usage", None)
+    head = {"id": message.get("id"), "model": message.get("model"), "message": fields}
+    text = "".join(texts) or None  # assistant_message's
     found = Round(head, {"content": text, BLOCKS: blocks}, calls, finish, message.get("usage"), raw=raw)
-    found.observed = observed_calls(blocks)
+    if served:
+        found.observed = observed_calls(blocks)
     return found
 
 

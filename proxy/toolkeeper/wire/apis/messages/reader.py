@@ -12,6 +12,8 @@ a finished block.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -19,7 +21,8 @@ import orjson
 from toolkeeper.engine import Round
 from toolkeeper.tools import ambiguous_keys
 from toolkeeper.wire.apis.messages.items import THINKING, check_block, round_from_message
-from toolkeeper.wire.apis.relay import RAW, ROUND, HoldingReader, event_object, parse_event, round_head
+from toolkeeper.wire.apis.relay import HoldingReader, event_object, parse_event, round_head
+from toolkeeper.wire.apis.runs import RAW, ROUND, Build, Run
 from toolkeeper.wire.errors import MalformedResponse, UpstreamFailed
 from toolkeeper.wire.sse import TextShape
 
@@ -30,8 +33,20 @@ DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "signature_d
                 "citations_delta": "citation"}
 
 
+# The message's own events that are always the same bytes, and what reading them does (message_stop: the stream
+# is complete); others are parsed. Never relayed (own_events).
+CONSTANT = {b'event: ping\ndata: {"type":"ping"}': False, b'event: ping\ndata: {"type": "ping"}': False,
+            b'event: message_stop\ndata: {"type":"message_stop"}': True,
+            b'event: message_stop\ndata: {"type": "message_stop"}': True}
+CONSTANT_SIZE = max(map(len, CONSTANT))
+# a text block's delta as Anthropic writes it, up to its text
+TEXT_DELTA = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
+              b'"delta":{"type":"text_delta","text":"')
+
+
 class MessagesReader(HoldingReader):
     own_events = frozenset({"message_start", "message_delta", "message_stop", "ping"})
+    text_kind = "content_block_delta"
 
     def __init__(self, hidden: frozenset[str], previous: Round | None):
         super().__init__(hidden, previous)
@@ -45,23 +60,79 @@ class MessagesReader(HoldingReader):
         self._pieces: dict[tuple[int, str], list[str]] = {}
         self._shape = TextShape()  # the text deltas of one shown block, once one of them was parsed
         self._shape_index = -1
+        self._build: Build = partial(_text_delta, -1)
+        # the bytes of the block events that come next in most streams (a text block's start, a block's stop),
+        # and what parsing them gives: such an event is read without a parse
+        self._expected: dict[bytes, Callable[[bytes, object], dict[str, Any]]] = {}
 
-    def take(self, data: bytes, round_key: object) -> list[dict[str, Any]]:
+    def take_all(self, events: list[bytes], round_key: object) -> list[Any]:
         """Most events of a stream are a piece of a shown text block's text: one with the bytes around its text
         of such a delta parsed before (the block's index among them) is that delta, with no parse and no routing
-        (its block is shown, and stays so: a block is what its start said, once)."""
-        text = self._shape.text_of(data)
-        if text is not None:
-            index = self._shape_index
-            self._pieces[index, "text"].append(text)
-            return [{"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text},
-                     RAW: data, ROUND: round_key}]
-        event = parse_event(data, round_key, self.own_events)
-        shown = self.feed(event)
-        if shown and shown[-1] is event and event["type"] == "content_block_delta" and _plain_text_delta(data, event) \
-                and self._shape.learn(data, event["delta"]["text"]):
-            self._shape_index = event["index"]  # only with the bytes it was learnt from: they name this block
-        return shown
+        (its block is shown, and stays so: a block is what its start said, once). Events that may go on as they
+        came, in a row, go on as one `Run`."""
+        relay: list[Any] = []
+        self._shown, shape, own = relay, self._shape, self.own_events  # what `read` shows goes in
+        run: Run | None = None
+        bound: Run | None = None  # the run the appends below are bound to
+        for data in events:
+            text = shape.text_of(data)
+            if text is not None:
+                if run is None:
+                    run = Run(0, round_key)
+                    relay.append(run)
+                if run is not bound:
+                    bound, run.build, index = run, self._build, self._shape_index
+                    add_data, add_event, add_text = run.data.append, run.events.append, run.texts.append
+                    # the block's text in pieces, begun as `_apply` begins it
+                    add_piece = self._pieces.setdefault((index, "text"), [self.blocks[index].get("text", "")]).append
+                    if index not in run.indexes:
+                        run.indexes.append(index)
+                add_data(data)
+                add_event(text)
+                add_text(text)
+                add_piece(text)
+                continue
+            bound = None
+            if len(data) <= CONSTANT_SIZE and data in CONSTANT:
+                run = None
+                self.stopped = self.stopped or CONSTANT[data]  # a ping, or the end: what parsing them reads
+                continue
+            expected = self._expected.pop(data, None)
+            event = parse_event(data, round_key, own) if expected is None else expected(data, round_key)
+            before = len(relay)
+            self.read(event)
+            kind = event["type"]
+            learns = kind == "content_block_delta" and len(relay) == before + 1 and relay[before] is event \
+                and _plain_text_delta(data, event)
+            run = self.ran(run, relay, before, event)
+            if (kind == "content_block_start" or kind == "message_start") and self._expect(event):
+                run = None  # one shape a run
+            elif learns and run is not None and shape.learn(data, event["delta"]["text"]):
+                # only with the bytes it was learnt from: they name this block
+                self._shape_index = index = event["index"]
+                self._build = partial(_text_delta, index)
+                run = None  # one shape a run
+        return relay
+
+    def _expect(self, event: dict[str, Any]) -> bool:
+        """After a message's or a block's start: the next text block's start, and this block's stop; a text block's
+        deltas in Anthropic's bytes (`TEXT_DELTA`), whose structure with any plain text is a text delta of this
+        block: read by their shape from the first (a text block is shown, and stays so). True: that shape is
+        the reader's now."""
+        index = event.get("index")
+        block = self.blocks.get(index) if type(index) is int else None
+        text = block is not None and block.get("type") == "text"
+        if text:
+            self._shape.known(TEXT_DELTA % index, b'"}}')
+            self._shape_index = index
+            self._build = partial(_text_delta, index)
+        if type(index) is int:
+            self._expected[b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}' % index] = \
+                partial(_stop, index)
+        after = index + 1 if type(index) is int else 0
+        self._expected[b'event: content_block_start\ndata: {"type":"content_block_start","index":%d,'
+                       b'"content_block":{"type":"text","text":""}}' % after] = partial(_text_start, after)
+        return text
 
     def text_of(self, event: dict[str, Any]) -> str | None:
         delta = event.get("delta") if event["type"] == "content_block_delta" else None
@@ -153,6 +224,23 @@ class MessagesReader(HoldingReader):
         found = round_from_message(message)
         found.head = round_head(found.head, self.started, self.previous)
         return self.settled(found)
+
+
+def _text_start(index: int, data: bytes, round_key: object) -> dict[str, Any]:
+    """A text block's start, of the bytes `_expect` says: what `parse_event` reads of them."""
+    return {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""},
+            RAW: (data, len(b"event: content_block_start\ndata: ")), ROUND: round_key}
+
+
+def _stop(index: int, data: bytes, round_key: object) -> dict[str, Any]:
+    """A block's stop, of the bytes `_expect` says: what `parse_event` reads of them."""
+    return {"type": "content_block_stop", "index": index, RAW: (data, len(b"event: content_block_stop\ndata: ")),
+            ROUND: round_key}
+
+
+def _text_delta(index: int, text: str, number: int, pad: str | None) -> dict[str, Any]:
+    """A text delta read by its shape, as the block's delta it is."""
+    return {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}
 
 
 def _plain_text_delta(data: bytes, event: dict[str, Any]) -> bool:

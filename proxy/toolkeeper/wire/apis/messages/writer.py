@@ -14,24 +14,30 @@ from typing import Any
 import orjson
 
 from toolkeeper.engine import TurnResult
-from toolkeeper.wire.apis.relay import FIRST, RelayWriter
+from toolkeeper.wire.apis.relay import FIRST
+from toolkeeper.wire.apis.relay_writer import RelayWriter
+from toolkeeper.wire.apis.runs import Run
 from toolkeeper.wire.errors import ANTHROPIC, UpstreamError
 
 PING = b'event: ping\ndata: {"type": "ping"}\n\n'
+STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'  # as `_event` writes it
 
 
 def final_message(result: TurnResult, content: list[dict[str, Any]]) -> dict[str, Any]:
     """The message the agent gets: the last round's fields, the first round's id, its blocks, usage summed."""
-    last = dict(result.last.head.get("message") or {})
+    last = result.last.head.get("message") or {}
     first = result.last.head.get(FIRST) or {}
     if result.said:
         content = [*content, {"type": "text", "text": result.said}]
+    return {**last, "id": first.get("id", last.get("id")), "content": content, "stop_reason": stop_reason(result, last),
+            "usage": result.usage}
+
+
+def stop_reason(result: TurnResult, last: dict[str, Any]) -> str:
+    """The agent's message's stop_reason: the last round's, but tool_use only when the agent has calls to run."""
     stop = "tool_use" if result.tool_calls else ("max_tokens" if result.finish_reason == "length"
                                                  else last.get("stop_reason") or "end_turn")
-    if stop == "tool_use" and not result.tool_calls:
-        stop = "end_turn"
-    return {**last, "id": first.get("id", last.get("id")), "content": content, "stop_reason": stop,
-            "usage": result.usage}
+    return "end_turn" if stop == "tool_use" and not result.tool_calls else stop
 
 
 def _event(event: dict[str, Any]) -> bytes:
@@ -53,7 +59,11 @@ class MessagesWriter(RelayWriter):
         return [_event({"type": "message_start", "message": {**self.first, "content": [], "stop_reason": None,
                                                               "stop_sequence": None}})]
 
-    def relayed(self, event: dict[str, Any]) -> bytes:
+    def relayed(self, event: Any) -> bytes:
+        if type(event) is Run:  # events that may go on as they came: so, unless renumbered
+            if self.unchanged(event):
+                return event.raw()
+            return b"".join(self.relayed(one) for one in event.expanded())
         raw, round_key = self.unpacked(event)
         index = self.number(round_key, event["index"])
         if raw is not None and index == event["index"]:
@@ -69,11 +79,12 @@ class MessagesWriter(RelayWriter):
                       _event({"type": "content_block_delta", "index": index,
                               "delta": {"type": "text_delta", "text": result.said}}),
                       _event({"type": "content_block_stop", "index": index})]
-        final = final_message(result, [])
-        return [*parts, _event({"type": "message_delta", "delta": {"stop_reason": final["stop_reason"],
-                                                                    "stop_sequence": final.get("stop_sequence")},
-                                "usage": final["usage"] or {}}),
-                _event({"type": "message_stop"})]
+        last = result.last.head.get("message") or {}
+        parts.append(_event({"type": "message_delta", "delta": {"stop_reason": stop_reason(result, last),
+                                                                 "stop_sequence": last.get("stop_sequence")},
+                             "usage": result.usage or {}}))  # `final_message`'s
+        parts.append(STOP)
+        return parts
 
     def failure(self, error: UpstreamError) -> bytes:
         return b"event: error\ndata: " + ANTHROPIC.body(error) + b"\n\n"

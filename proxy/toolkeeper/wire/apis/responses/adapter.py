@@ -26,6 +26,7 @@ is refused (owners.py).
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -77,25 +78,33 @@ class ResponsesAPI(AgentAPI):
                                "as it arrives, and a background one arrives when nobody waits; send it without "
                                "background", "background_not_governed")
         context = self.context(request, raw)
-        guarded = self.guards(request)
+        upstream = upstream_for(request, self.upstream)
+        guarded = shared_key(request, upstream)  # `guards`: the model server cannot tell this request's tenant
         try:
-            followed, session, linked = await self._follow_link(context.tenant, body, guarded)
-            if followed is None:  # before anything is recorded of the turn: no hosted tool's offer either
-                return previous_not_found(body["previous_response_id"])
-            body = followed
-            messages = messages_from_input(body["input"], await self._referenced(context.tenant, body["input"]))
+            if isinstance(body.get("previous_response_id"), str):
+                followed, session, linked = await self._follow_link(context.tenant, body, guarded)
+                if followed is None:  # before anything is recorded of the turn: no hosted tool's offer either
+                    return previous_not_found(body["previous_response_id"])
+                body = followed
+            else:  # `_follow_link`'s answer, with no link to follow
+                conversation = body.get("conversation")
+                session, linked = (_conversation(context.tenant, conversation) if conversation else ""), False
+            ids = _references(body["input"])
+            messages = messages_from_input(body["input"], await self._referenced(context.tenant, ids) if ids else None)
             context.session = session or conversation_session(context.tenant, messages)
             if isinstance(body.get("tools"), list):
                 body = {**body, "tools": await self.offered(body["tools"], hosted_tool, context)}
         except StoreError as exc:
             return self.errors.response(store_unavailable(exc))
         messages = guard_results(self.engine, messages, context, original=ITEMS, field="output")  # no secret goes up
-        neutral = {"messages": messages, **{key: body[key] for key in ENGINE_KEYS if key in body}}
+        neutral = {"messages": messages}
+        for key in ENGINE_KEYS:
+            if key in body:
+                neutral[key] = body[key]
         mcp_servers: dict[str, dict[str, Any]] = {}
         if isinstance(neutral.get("tools"), list):  # a hosted MCP server asks before each call, so the rules decide
             neutral["tools"], mcp_servers = forced_approvals(neutral["tools"])
-        model = ResponsesModel(upstream_for(request, self.upstream), request.headers, body, request.query_string,
-                               mcp_servers=mcp_servers)
+        model = ResponsesModel(upstream, request.headers, body, request.query_string, mcp_servers=mcp_servers)
         events = self.engine.run(neutral, model, context)
 
         # the id is linked unless the server keeps no response (`store: false`): then no request can name it.
@@ -106,6 +115,8 @@ class ResponsesAPI(AgentAPI):
 
         async def keep(result: TurnResult, final: dict[str, Any] | None) -> None:
             session = context.session if kept and (linked or context.session_calls) else None
+            if result.rounds == 1 and not result.exchange and not claimed and session is None:
+                return  # nothing hidden, no owner to say, no session to keep: `_link` would write nothing
             try:
                 await self._link(context.tenant, result, final, session, claimed)
                 if result.exchange and final is not None and body.get("store") is not False:
@@ -115,9 +126,7 @@ class ResponsesAPI(AgentAPI):
 
         if body.get("stream"):
             return await ResponsesWriter(request, body, self.keepalive, keep).relay(events)
-        return await self.whole(events, lambda result, relayed: final_response(body, result, [
-            *whole_output(relayed, visible_items, {call.id for call in result.tool_calls}),
-            *([said_item(result.said)] if result.said else [])]), keep)
+        return await self.whole(events, partial(whole_answer, body), keep)
 
     # -- previous_response_id across hidden rounds ------------------------------------
 
@@ -139,9 +148,8 @@ class ResponsesAPI(AgentAPI):
         given = body["input"] if isinstance(body["input"], list) else [{"role": "user", "content": body["input"]}]
         return {**body, "previous_response_id": link["last"], "input": [*link["owed"], *given]}, session, True
 
-    async def _referenced(self, tenant: str, given: Any) -> dict[str, dict[str, Any]]:
-        """The items the agent's `item_reference`s stand for, among those toolkeeper handed it."""
-        ids = [i.get("id") for i in given if i.get("type") == "item_reference"] if isinstance(given, list) else []
+    async def _referenced(self, tenant: str, ids: list[Any]) -> dict[str, dict[str, Any]]:
+        """The items the agent's `item_reference`s (`ids`: theirs) stand for, among those toolkeeper handed it."""
         keys = {digest(tenant, "item", item_id): item_id for item_id in ids if isinstance(item_id, str)}
         found = await self.store.get_links(list(keys))
         return {keys[key]: item for key, item in found.items()}
@@ -160,8 +168,7 @@ class ResponsesAPI(AgentAPI):
         and `claimed` (so the link says whose it is) or a session is to be kept (so the chain's next request finds
         it). One write a turn at most: a link to the last round says whose the id is too."""
         # after a mixed round, the results of its declared calls go upstream with the agent's own
-        last_call = max((i for i, m in enumerate(result.exchange) if m.get("role") == "assistant"), default=-1)
-        owed = input_from_messages(result.exchange[last_call + 1:])
+        owed = _owed(result.exchange) if result.exchange else []
         given = final["id"] if final is not None else result.last.head.get("id")
         if result.rounds == 1 and not owed:
             # nothing hidden: the id the agent got is the model server's own, its answer as the agent saw it
@@ -205,6 +212,29 @@ class ResponsesAPI(AgentAPI):
 
     async def _owns(self, request: web.Request, response_id: str) -> bool:
         return await self.store.get_link(digest(credentials_hash(request), "response", response_id)) is not None
+
+
+def whole_answer(body: dict[str, Any], result: TurnResult, relayed: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """The response a whole turn gives the agent: its items (`whole_output`; a turn of one round with no call
+    in it: that round's items as shown), toolkeeper's closing words, the response's fields."""
+    if result.rounds == 1 and len(relayed) == 1 and not result.last.tool_calls:
+        output = list(relayed[0])
+    else:
+        output = whole_output(relayed, visible_items, {call.id for call in result.tool_calls})
+    if result.said:
+        output.append(said_item(result.said))
+    return final_response(body, result, output)
+
+
+def _references(given: Any) -> list[Any]:
+    """The ids the `item_reference`s of an agent's input name."""
+    return [i.get("id") for i in given if i.get("type") == "item_reference"] if isinstance(given, list) else []
+
+
+def _owed(exchange: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The results the last round of a turn still owes the model server, as input items."""
+    last_call = max((i for i, m in enumerate(exchange) if m.get("role") == "assistant"), default=-1)
+    return input_from_messages(exchange[last_call + 1:])
 
 
 def _conversation(tenant: str, conversation: Any) -> str:

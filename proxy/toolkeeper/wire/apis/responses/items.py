@@ -73,6 +73,7 @@ HOSTED_CALLS = {"web_search_call": ("web_search", ("action",), None),
                 "mcp_call": (None, ("server_label", "name", "arguments"), "output")}
 OUTPUT_TYPES = tuple(call.output for call in AGENT_CALLS.values())
 INPUT_ROLES = ("user", "system", "developer")
+ROLES = (*INPUT_ROLES, "assistant")  # a message item's, in an agent's input
 # Input items the API defines, and the shape each must have (checked before anything is sent).
 REQUIRED = {"function_call": ("call_id", "name"), "custom_tool_call": ("call_id", "name"),
             **{kind: ("call_id",) for kind in CALL_TYPES if AGENT_CALLS[kind].tool},
@@ -122,8 +123,21 @@ def item_text(item: dict[str, Any]) -> str:
     content = item.get("content")
     if isinstance(content, str):
         return content
-    return "".join(part.get("text", "") for part in content or [] if isinstance(part, dict)
-                   and part.get("type") == "output_text")
+    texts = []
+    for part in content or ():
+        if isinstance(part, dict) and part.get("type") == "output_text":
+            texts.append(part.get("text", ""))
+    return "".join(texts)
+
+
+def answer_texts(items: Any) -> tuple[Any, ...]:
+    """The texts of output items' parts (of a response, or one item: `[item]`)."""
+    texts = []
+    for item in items if type(items) is list else ():
+        for part in (item.get("content") if type(item) is dict else None) or ():
+            if type(part) is dict:
+                texts.append(part.get("text"))
+    return tuple(texts)
 
 
 def call_name(item: dict[str, Any]) -> str:
@@ -147,13 +161,16 @@ def call_kind(item: dict[str, Any]) -> str:
 
 
 APPROVAL = "mcp_approval_request"  # a hosted MCP server's call, asking before the model server runs it
+CALL_KINDS = frozenset((*CALL_TYPES, APPROVAL))
 APPROVED = "Approved by toolkeeper: the rules allow this call."  # the answer that approves one
 
 
 def is_call(item: dict[str, Any]) -> bool:
     """A call to decide on: one the agent runs, a hosted MCP server's approval request, or one of a kind
-    toolkeeper does not know (denied)."""
-    return item.get("type") in CALL_TYPES or item.get("type") == APPROVAL or unknown_call(item)
+    toolkeeper does not know (a newer built-in, `..._call` and not a hosted tool's: it is denied, never
+    relayed)."""
+    kind = item.get("type")
+    return type(kind) is str and (kind in CALL_KINDS or (kind.endswith("_call") and kind not in HOSTED_CALLS))
 
 
 def wants_approval(tool: dict[str, Any], name: str) -> bool:
@@ -165,12 +182,6 @@ def wants_approval(tool: dict[str, Any], name: str) -> bool:
         always = (asked.get("always") or {}).get("tool_names")
         return name not in never and (always is None or name in always)
     return asked != "never"
-
-
-def unknown_call(item: dict[str, Any]) -> bool:
-    """An output item that is a call toolkeeper does not know (a newer built-in): it is denied, never relayed."""
-    kind = str(item.get("type") or "")
-    return kind.endswith("_call") and kind not in AGENT_CALLS and kind not in HOSTED_CALLS
 
 
 def call_arguments(item: dict[str, Any]) -> Any:
@@ -199,7 +210,9 @@ def input_from_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for message in messages:
         if ITEMS in message:
             items.extend(message[ITEMS])
-            answering.update((call_id_of(item), item["type"]) for item in message[ITEMS] if is_call(item))
+            for item in message[ITEMS]:
+                if is_call(item):
+                    answering[call_id_of(item)] = item["type"]
         elif message.get("role") == "tool":
             items += output_items(answering.get(message.get("tool_call_id"), "function_call"),
                                   message.get("tool_call_id"), str(message.get("content") or ""))
@@ -254,19 +267,35 @@ def observed_call(item: dict[str, Any]) -> ToolCall:
 
 
 def round_from_response(response: dict[str, Any], raw: bytes | None = None) -> Round:
-    """One upstream response as the engine's Round."""
-    items = [item for item in response.get("output") or [] if isinstance(item, dict)]
-    calls = [ToolCall(call_id_of(item), call_name(item), call_arguments(item), {CALL_ITEM: item}, call_kind(item),
-                      known=item["type"] in (*CALL_TYPES, APPROVAL),
-                      source="hosted" if item["type"] == APPROVAL else "agent")
-             for item in items if is_call(item)]
-    text = "".join(item_text(item) for item in items)
+    """One upstream response as the engine's Round (in one loop over its items: a message says text, a call is
+    to decide on, a hosted tool's call is recorded)."""
+    items: list[dict[str, Any]] = []
+    calls: list[ToolCall] = []
+    texts: list[str] = []
+    observed: list[ToolCall] = []
+    for item in response.get("output") or ():
+        if not isinstance(item, dict):
+            continue
+        items.append(item)
+        kind = item.get("type")
+        if kind is None or kind == "message":
+            texts.append(item_text(item))
+        elif is_call(item):
+            calls.append(ToolCall(call_id_of(item), call_name(item), call_arguments(item), {CALL_ITEM: item},
+                                  call_kind(item), known=kind in CALL_TYPES or kind == APPROVAL,
+                                  source="hosted" if kind == APPROVAL else "agent"))
+        elif kind in HOSTED_CALLS:
+            observed.append(observed_call(item))
+    text = "".join(texts)
     status = response.get("status")
     finish = "tool_calls" if calls else ("length" if status == "incomplete" else "stop")
+    fields = dict(response)  # the response but its items and usage
+    fields.pop("output", None)
+    fields.pop("usage", None)
     head = {"id": response.get("id"), "created_at": response.get("created_at"), "model": response.get("model"),
-            "response": {k: v for k, v in response.items() if k not in ("output", "usage")}}
+            "response": fields}
     found = Round(head, {"content": text or None, ITEMS: items}, calls, finish, response.get("usage"), raw=raw)
-    found.observed = [observed_call(item) for item in items if item.get("type") in HOSTED_CALLS]
+    found.observed = observed
     return found
 
 
@@ -300,9 +329,20 @@ def check_request(body: dict[str, Any]) -> str | None:
     if tools is not None and (not isinstance(tools, list) or any(not isinstance(t, dict) or
                                                                   not isinstance(t.get("type"), str) for t in tools)):
         return "'tools' must be a list of tool objects, each with a 'type'"
-    return (first_problem(value if isinstance(value, list) else [], _check_item, "input", "item")
-            or first_problem(tools or [], _function_tool_problem, "tools", "tool")
+    return ((None if isinstance(value, str) or _plain_input(value)
+             else first_problem(value, _check_item, "input", "item"))
+            or (first_problem(tools, _function_tool_problem, "tools", "tool") if tools else None)
             or field_problem(body, REQUEST_FIELDS))
+
+
+def _plain_input(items: list[Any]) -> bool:
+    """The usual input, read in one loop: messages of a role and a content that `_check_item` takes (the others
+    it reads one by one, to say what is wrong)."""
+    for item in items:
+        if type(item) is not dict or item.get("type", "message") != "message" or item.get("role") not in ROLES \
+                or type(item.get("content")) not in (str, list):
+            return False
+    return True
 
 
 REQUEST_FIELDS: tuple[Field, ...] = (
@@ -325,7 +365,7 @@ def _check_item(item: dict[str, Any]) -> str | None:
     if not isinstance(kind, str):
         return "an item's 'type' must be a string"
     if kind == "message":
-        if item.get("role") not in (*INPUT_ROLES, "assistant"):
+        if item.get("role") not in ROLES:
             return "a message needs a 'role': user, system, developer or assistant"
         if not isinstance(item.get("content"), (str, list)):
             return "a message's 'content' must be a string or a list of parts"

@@ -18,6 +18,7 @@ from toolkeeper.wire.apis.responses.items import (
     APPROVED,
     CALL_ITEM,
     ITEMS,
+    answer_texts,
     flat_tool,
     input_from_messages,
     round_from_response,
@@ -30,6 +31,7 @@ from toolkeeper.wire.errors import UpstreamFailed
 # What the engine reads of a request; the rest of the agent's body goes upstream as it came.
 ENGINE_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
 CHAIN_KEYS = ("previous_response_id", "conversation")
+NOT_AS_SENT = frozenset((*ENGINE_KEYS, *CHAIN_KEYS, "input"))  # the agent's keys the request() sets itself
 
 
 class ResponsesModel(RelayingModel):
@@ -49,13 +51,19 @@ class ResponsesModel(RelayingModel):
                 call.answer_if_allowed = APPROVED
         return found
 
+    @staticmethod
+    def texts_of(answer: dict[str, Any]) -> tuple[Any, ...]:
+        return (*answer_texts(answer.get("output")), answer.get("instructions"))
+
     def request(self, neutral: dict[str, Any], previous: Round | None) -> dict[str, Any]:
-        out = {k: v for k, v in self.body.items() if k not in (*ENGINE_KEYS, *CHAIN_KEYS, "input")}
+        body = self.body
+        out = {k: v for k, v in body.items() if k not in NOT_AS_SENT}
         for key in ENGINE_KEYS:
             if key in neutral:
-                out[key] = [flat_tool(t) for t in neutral[key]] if key == "tools" else neutral[key]
+                out[key] = list(map(flat_tool, neutral[key])) if key == "tools" else neutral[key]
         messages = neutral["messages"]
-        chain = next((key for key in CHAIN_KEYS if self.body.get(key)), None)
+        chain = "previous_response_id" if body.get("previous_response_id") else \
+            "conversation" if body.get("conversation") else None
         if chain and previous is not None:  # the chain holds the rounds so far: only the new items go
             if chain == "previous_response_id":
                 out["previous_response_id"] = previous.head.get("id")
@@ -63,7 +71,9 @@ class ResponsesModel(RelayingModel):
                 out["conversation"] = self.body["conversation"]
             out["input"] = input_from_messages(messages[_after_last_answer(messages):])
         else:
-            out.update({key: self.body[key] for key in CHAIN_KEYS if key in self.body})
+            for key in CHAIN_KEYS:
+                if key in body:
+                    out[key] = body[key]
             out["input"] = input_from_messages(messages)
         return out
 

@@ -17,12 +17,15 @@ another item's name.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from toolkeeper.engine import Round
-from toolkeeper.wire.apis.relay import HoldingReader, event_object, round_head
+from toolkeeper.wire.apis.relay import HoldingReader, event_object, parse_event, round_head
 from toolkeeper.wire.apis.responses.items import call_arguments, call_id_of, call_name, is_call, round_from_response
+from toolkeeper.wire.apis.runs import Build, Run
 from toolkeeper.wire.errors import MalformedResponse, UpstreamFailed
+from toolkeeper.wire.sse import NumberedShape
 
 TERMINAL = ("response.completed", "response.incomplete")
 # A call's arguments (a custom tool's input) stream in pieces, then whole, then in the finished item.
@@ -30,10 +33,18 @@ DELTAS = ("response.function_call_arguments.delta", "response.custom_tool_call_i
 DONES = {"response.function_call_arguments.done": "arguments", "response.custom_tool_call_input.done": "input"}
 ARGUMENT_EVENTS = frozenset((*DELTAS, *DONES, "response.output_item.done"))
 LIFECYCLE = ("response.created", "response.in_progress", "response.queued")
+TEXT_DELTA = "response.output_text.delta"
+# An item's events that are more than routed (the rest are: `read`), and the events of no item.
+NOT_PLAIN_ITEM_EVENTS = frozenset((*LIFECYCLE, *TERMINAL, *ARGUMENT_EVENTS, "response.output_item.added",
+                                   "response.failed", "error"))
 
 
 class ResponsesReader(HoldingReader):
     own_events = frozenset((*LIFECYCLE, *TERMINAL))
+    text_kind = TEXT_DELTA
+    index_key = "output_index"
+    numbered = True
+    item_done = "response.output_item.done"
 
     def __init__(self, hidden: frozenset[str], previous: Round | None):
         super().__init__(hidden, previous)
@@ -41,13 +52,86 @@ class ResponsesReader(HoldingReader):
         self._done: dict[int, dict[str, Any]] = {}  # finished items, by output_index
         self._announced: dict[int, tuple[Any, ...]] = {}  # what each item was announced as, by output_index
         self._streamed: dict[int, list[str]] = {}  # a call's arguments as streamed so far, by output_index
+        self._shape = NumberedShape()  # the text deltas of one shown item, once one of them was parsed
+        self._shape_index = -1
+        self._number = -1  # the last event's sequence_number: the next one read by its shape has the one after
+        self._build: Build = _rebuilt
+        self._created = False  # a response.created was read
+        self._progress = b""  # the bytes of the response.in_progress that would say the same again
 
     def text_of(self, event: dict[str, Any]) -> str | None:
         delta = event.get("delta")
-        return delta if event["type"] == "response.output_text.delta" and isinstance(delta, str) else None
+        return delta if event["type"] == TEXT_DELTA and isinstance(delta, str) else None
+
+    def take_all(self, events: list[bytes], round_key: object) -> list[Any]:
+        """Most events of a stream are a piece of a shown message's text: one with the bytes around its text (and
+        its number, and its padding) of such a delta parsed before, numbered after the last event, is that
+        delta, with no parse and no routing (its item is shown, and stays so: an item is what it was announced
+        as, once). Events that may go on as they came, in a row, go on as one `Run`."""
+        relay: list[Any] = []
+        self._shown, shape, own = relay, self._shape, self.own_events  # what `read` shows goes in
+        run: Run | None = None
+        bound: Run | None = None  # the run the appends below are bound to
+        for data in events:
+            if shape.head is not None:
+                text = shape.read(data, self._number + 1)
+                if text is not None:
+                    self._number += 1
+                    if run is None:
+                        run = Run(self._number, round_key)
+                        relay.append(run)
+                    if run is not bound:
+                        bound, run.build, padded = run, self._build, shape.tail is not None
+                        add_data, add_event, add_text = run.data.append, run.events.append, run.texts.append
+                        if self._shape_index not in run.indexes:
+                            run.indexes.append(self._shape_index)
+                    add_data(data)
+                    add_event(text)
+                    add_text(text)
+                    if padded:
+                        run.pads.append(shape.pad)
+                    continue
+            bound = None
+            if data == self._progress:  # what `read` does of it: nothing (the response began with created)
+                self._number += 1
+                self._progress = b""
+                run = None
+                continue
+            event = parse_event(data, round_key, own)
+            number = event.get("sequence_number")
+            if type(number) is int:
+                self._number = number
+            before = len(relay)
+            self.read(event)
+            run = self.ran(run, relay, before, event, number)
+            if run is not None and event["type"] == TEXT_DELTA and self._learn(data, event):
+                run = None  # one shape a run
+            elif event["type"] == "response.created" and not self._created:
+                self._created = True
+                self._progress = _in_progress(data, number)
+        return relay
+
+    def _learn(self, data: bytes, event: dict[str, Any]) -> bool:
+        """The shape of a shown item's text delta that goes on as it came (`ran`: each key once in its bytes; a
+        key in another case was refused as it was parsed): its text, number and padding of the types they
+        have."""
+        text, number, pad = event.get("delta"), event.get("sequence_number"), event.get("obfuscation")
+        if type(text) is not str or type(event.get("output_index")) is not int \
+                or (number is not None and type(number) is not int) or (pad is not None and type(pad) is not str):
+            return False
+        if not self._shape.learn(data, text, number, pad, event):
+            return False
+        self._shape_index = event["output_index"]
+        self._build = partial(_rebuilt, fields=event)
+        return True
 
     def read(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
+        kind, index = event.get("type"), event.get("output_index")
+        if type(index) is int and type(kind) is str and kind not in NOT_PLAIN_ITEM_EVENTS:
+            if index not in self._announced:  # the most of a stream: an announced item's event, routed
+                raise MalformedResponse(f"a {kind[:60]} event for item {index}, which was never announced")
+            self.route(index, event)
+            return
         if not isinstance(kind, str):
             raise MalformedResponse("a stream event without a 'type'")
         if kind in LIFECYCLE:
@@ -61,7 +145,6 @@ class ResponsesReader(HoldingReader):
             raise UpstreamFailed(response.get("error") or {"message": "the model server failed"}, response)
         if kind == "error":
             raise UpstreamFailed(event.get("error") if isinstance(event.get("error"), dict) else event)
-        index = event.get("output_index")
         if type(index) is not int:
             if "output_index" in event or "item" in event or "item_id" in event:
                 raise MalformedResponse(f"a {kind[:60]} event for an item, without the item's output_index")
@@ -110,13 +193,42 @@ class ResponsesReader(HoldingReader):
         streamed = [self._done[i] for i in sorted(self._done)]
         if not final.get("output"):
             final["output"] = streamed
-        elif _calls(final["output"]) != _calls(streamed):
+        elif final["output"] != streamed and _calls(final["output"]) != _calls(streamed):
             # the rules read the final output, the agent gets the streamed items: they must be the same calls
             raise MalformedResponse("the final response's tool calls differ from the streamed ones")
         final.setdefault("id", (self.started or {}).get("id"))
         found = round_from_response(final)
         found.head = round_head(found.head, self.started, self.previous)
         return self.settled(found)
+
+
+def _in_progress(created: bytes, number: Any) -> bytes:
+    """The `response.in_progress` a server sends after `created` (its bytes, numbered `number`) when it says the
+    same response again, as OpenAI does: the same bytes but its type, in both places it is named (its event line
+    and its `type`, the only ones: no escape in them), and its number, the next ("": none to expect). Such an
+    event reads as `created` did but for those two; `read` does nothing with either but the first."""
+    if type(number) is not int or not created.startswith(b"event: response.created\ndata: ") \
+            or created.count(b"\n") != 1 or created.find(b"\\") >= 0 or created.count(b"response.created") != 2 \
+            or created.count(b'"sequence_number":') != 1:
+        return b""
+    at = created.index(b'"sequence_number":') + 18
+    digits = b"%d" % number
+    end = at + len(digits)
+    if created[at:end] != digits or created[end:end + 1] not in (b",", b"}"):
+        return b""
+    progress = created[:at] + b"%d" % (number + 1) + created[end:]
+    return progress.replace(b"response.created", b"response.in_progress")
+
+
+def _rebuilt(text: str, number: int, pad: str | None, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A delta read by a learnt shape: the event it was learnt from (`fields`), with its text, number and
+    padding."""
+    rebuilt = {**(fields or {}), "delta": text}
+    if "sequence_number" in rebuilt:
+        rebuilt["sequence_number"] = number
+    if pad is not None:
+        rebuilt["obfuscation"] = pad
+    return rebuilt
 
 
 def _said(item: Any) -> Any:

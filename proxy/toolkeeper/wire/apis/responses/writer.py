@@ -20,8 +20,10 @@ from aiohttp import web
 
 from toolkeeper.engine import TurnResult
 from toolkeeper.wire.apis.base import Keep
-from toolkeeper.wire.apis.relay import FIRST, RelayWriter
+from toolkeeper.wire.apis.relay import FIRST
+from toolkeeper.wire.apis.relay_writer import RelayWriter
 from toolkeeper.wire.apis.responses.items import said_item
+from toolkeeper.wire.apis.runs import RAW, ROUND, Run
 from toolkeeper.wire.errors import UpstreamError
 
 
@@ -36,12 +38,16 @@ def shown(response: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
 
 def final_response(body: dict[str, Any], result: TurnResult, output: list[dict[str, Any]]) -> dict[str, Any]:
     """The response the agent gets: the last round's fields, the first round's id, its items, usage summed."""
-    last = dict(result.last.head.get("response") or {})
+    last = result.last.head.get("response") or {}
     first = result.last.head.get(FIRST) or {}
     status = "incomplete" if result.finish_reason == "length" else "completed"
-    return shown({**last, "id": first.get("id", last.get("id")), "created_at": first.get("created_at",
-                                                                                          last.get("created_at")),
-                  "status": status, "output": output, "usage": result.usage}, body)
+    # `shown`'s fields, in one dict
+    final = {**last, "id": first.get("id", last.get("id")), "created_at": first.get("created_at",
+                                                                                   last.get("created_at")),
+             "status": status, "output": output, "usage": result.usage, "tools": body.get("tools") or []}
+    if "tool_choice" in body:
+        final["tool_choice"] = body["tool_choice"]
+    return final
 
 
 class ResponsesWriter(RelayWriter):
@@ -64,17 +70,31 @@ class ResponsesWriter(RelayWriter):
     def opening(self) -> list[bytes]:
         if self.sequence or self.first is None:
             return []
-        return [self._lifecycle("response.created"), self._lifecycle("response.in_progress")]
+        # the two events `_lifecycle` writes, around one encoding of their response
+        response = orjson.dumps(shown({**self.first, "status": "in_progress", "output": [], "usage": None}, self.body))
+        self.sequence = 2
+        return [b'event: response.created\ndata: {"type":"response.created","response":' + response
+                + b',"sequence_number":0}\n\n',
+                b'event: response.in_progress\ndata: {"type":"response.in_progress","response":' + response
+                + b',"sequence_number":1}\n\n']
 
-    def relayed(self, event: dict[str, Any]) -> bytes:
-        raw, round_key = self.unpacked(event)
+    def relayed(self, event: Any) -> bytes:
+        if type(event) is Run:  # events that may go on as they came: so, unless renumbered
+            if event.number == self.sequence and self.unchanged(event):
+                self.sequence += len(event.data)
+                self.output += event.items
+                return event.raw()
+            return b"".join(self.relayed(one) for one in event.expanded())
+        raw, round_key = event.pop(RAW, None), event.pop(ROUND, None)
         index = event.get("output_index")
         mapped = self.number(round_key, index) if isinstance(index, int) else index
         if event["type"] == "response.output_item.done":
             self.output.append(event["item"])
         if raw is not None and mapped == index and event.get("sequence_number") == self.sequence:
-            self.sequence += 1  # nothing to renumber: the server's own bytes
-            return raw + b"\n\n"
+            raw = self.as_came(raw, event)
+            if raw is not None:
+                self.sequence += 1  # nothing to renumber: the server's own bytes
+                return raw + b"\n\n"
         return self._event({**event, "output_index": mapped} if isinstance(index, int) else event)
 
     async def closing(self, result: TurnResult) -> list[bytes]:
