@@ -240,6 +240,13 @@ class SQLStore(Tokens, Pins, PeopleSessions, Sessions, LimitCounts, Deliveries):
         finally:
             self._purging = None
 
+    async def _purge_ended(self) -> None:
+        """Before the store closes: a purge under way is let finish (a few statements), so none runs on a closed
+        database."""
+        if self._purging is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._purging)
+
     async def purge(self, now: float | None = None) -> None:
         """Expired exchanges lose their body at once, and their keys a day later."""
         now = now or self.now()

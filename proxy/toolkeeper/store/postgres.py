@@ -198,6 +198,7 @@ class PostgresStore(SQLStore):
             self.wake(approval_id)
 
     async def close(self) -> None:
+        await self._purge_ended()
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

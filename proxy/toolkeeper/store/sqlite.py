@@ -78,6 +78,7 @@ class SQLiteStore(SQLStore):
                 raise StoreError(f"the store ({self.location}) failed: {exc}") from exc
 
     async def close(self) -> None:
+        await self._purge_ended()
         with self._lock:
             self._db.close()
 
