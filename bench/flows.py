@@ -101,31 +101,40 @@ def start(workdir: Path, rules: dict[str, str] = RULES, store: str | None = None
     return processes, urls
 
 
-async def end_to_end(quick: bool) -> None:
+async def measured(quick: bool, rules: dict[str, str], names: dict[str, str], said: str,
+                   store: str | None = None) -> dict[str, list[float]]:
+    """Each toolkeeper of `rules` (and the model server directly) under the same requests, interleaved, each a
+    conversation of its own (a fresh session, as an agent's first); the table printed, the latencies returned."""
     rounds, count = (2, 60) if quick else (5, 300)
-    processes, urls = start(Path(tempfile.mkdtemp(prefix="tk-bench-flows-")))
+    processes, urls = start(Path(tempfile.mkdtemp(prefix="tk-bench-flows-")), rules, store)
     try:
         for name, url in urls.items():
             if name != "direct":  # the model server has no /healthz: its first request waits for it
                 await identity.until_served(url.removesuffix("/v1"))
         await overhead.wait_ready(urls["direct"])
         results: dict[str, list[float]] = {name: [] for name in urls}
-        for round_ in range(rounds):  # each request a conversation of its own: a fresh session, as an agent's first
+        for round_ in range(rounds):
             for name, url in urls.items():
                 results[name] += await identity.latencies(url, "sk-bench", count, tag=f"{name}-{round_}")
-        floor = statistics.median(results["direct"])
-        print(f"\n{rounds} rounds of {count} sequential requests, each a new conversation answered with one Bash "
-              f"call (`{COMMAND}`)")
-        print(f"{'path':<28}{'p50 ms':>9}{'p99 ms':>9}{'p50 / direct':>14}")
-        names = {"direct": "direct", "plain": "toolkeeper, one plain rule", "flows": "toolkeeper, flows.yaml"}
-        for name, values in results.items():
-            print(f"{names[name]:<28}{identity.ms(values, 0.5):>9.3f}{identity.ms(values, 0.99):>9.3f}"
-                  f"{statistics.median(values) / floor:>14.2f}")
-        added = (statistics.median(results["flows"]) - statistics.median(results["plain"])) * 1e6
-        print(f"\nthe flow rules and the session add {added:.0f} µs at p50 to a governed call")
     finally:
         for process in processes:
             process.terminate()
+    floor = statistics.median(results["direct"])
+    print(f"\n{rounds} rounds of {count} sequential requests, {said}")
+    width = max(len(name) for name in names.values()) + 4
+    print(f"{'path':<{width}}{'p50 ms':>9}{'p99 ms':>9}{'p50 / direct':>14}")
+    for name, values in results.items():
+        print(f"{names[name]:<{width}}{identity.ms(values, 0.5):>9.3f}{identity.ms(values, 0.99):>9.3f}"
+              f"{statistics.median(values) / floor:>14.2f}")
+    return results
+
+
+async def end_to_end(quick: bool) -> None:
+    names = {"direct": "direct", "plain": "toolkeeper, one plain rule", "flows": "toolkeeper, flows.yaml"}
+    results = await measured(quick, RULES, names, f"each a new conversation answered with one Bash call "
+                                                  f"(`{COMMAND}`)")
+    added = (statistics.median(results["flows"]) - statistics.median(results["plain"])) * 1e6
+    print(f"\nthe flow rules and the session add {added:.0f} µs at p50 to a governed call")
 
 
 async def run(quick: bool) -> None:

@@ -27,8 +27,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import flows  # noqa: E402 - its model server (one Bash call) and request loop
-import identity  # noqa: E402
-import overhead  # noqa: E402
 
 ROOT = HERE.parent
 POSTGRES = flows.POSTGRES
@@ -74,31 +72,12 @@ async def store_costs(location: str, count: int) -> dict[str, list[float]]:
 
 
 async def end_to_end(quick: bool) -> None:
-    rounds, count = (2, 60) if quick else (5, 300)
-    processes, urls = flows.start(Path(tempfile.mkdtemp(prefix="tk-bench-limits-")), RULES, POSTGRES)
-    try:
-        for name, url in urls.items():
-            if name != "direct":
-                await identity.until_served(url.removesuffix("/v1"))
-        await overhead.wait_ready(urls["direct"])
-        results: dict[str, list[float]] = {name: [] for name in urls}
-        for round_ in range(rounds):
-            for name, url in urls.items():
-                results[name] += await identity.latencies(url, "sk-bench", count, tag=f"lim-{name}-{round_}")
-        floor = statistics.median(results["direct"])
-        print(f"\n{rounds} rounds of {count} sequential requests, each answered with one Bash call; store on "
-              "PostgreSQL")
-        print(f"{'path':<32}{'p50 ms':>9}{'p99 ms':>9}{'p50 / direct':>14}")
-        names = {"direct": "direct", "plain": "toolkeeper, no limit", "limited": "toolkeeper, a limit on Bash"}
-        for name, values in results.items():
-            print(f"{names[name]:<32}{identity.ms(values, 0.5):>9.3f}{identity.ms(values, 0.99):>9.3f}"
-                  f"{statistics.median(values) / floor:>14.2f}")
-        for q, said in ((0.5, "p50"), (0.99, "p99")):
-            added = (quantile(results["limited"], q) - quantile(results["plain"], q)) * 1e6
-            print(f"the limit check adds {added:.0f} µs at {said} to a governed call")
-    finally:
-        for process in processes:
-            process.terminate()
+    names = {"direct": "direct", "plain": "toolkeeper, no limit", "limited": "toolkeeper, a limit on Bash"}
+    results = await flows.measured(quick, RULES, names, "each answered with one Bash call; store on PostgreSQL",
+                                   POSTGRES)
+    for q, said in ((0.5, "p50"), (0.99, "p99")):
+        added = (quantile(results["limited"], q) - quantile(results["plain"], q)) * 1e6
+        print(f"the limit check adds {added:.0f} µs at {said} to a governed call")
 
 
 async def run(quick: bool) -> None:
