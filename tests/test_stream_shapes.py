@@ -13,6 +13,7 @@ from toolkeeper.engine import TurnResult
 from toolkeeper.wire.ambiguity import check_keys
 from toolkeeper.wire.apis.messages.reader import MessagesReader, _stop, _text_start
 from toolkeeper.wire.apis.relay import parse_event
+from toolkeeper.wire.apis.responses import shapes
 from toolkeeper.wire.apis.responses.reader import ResponsesReader, _in_progress
 from toolkeeper.wire.apis.responses.writer import ResponsesWriter
 from toolkeeper.wire.apis.runs import RAW, Run
@@ -21,6 +22,13 @@ from toolkeeper.wire.sse import NumberedShape
 
 ITEM = {"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
 WHERE = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+
+
+@pytest.fixture(autouse=True)
+def no_templates(monkeypatch):
+    """The reader as it is before the process learnt any event template (tests/test_event_templates.py has them)."""
+    monkeypatch.setattr(shapes, "TEMPLATES", {})
+    monkeypatch.setattr(shapes, "_FAILED", {})
 
 
 def sse(event: dict, raw: bytes | None = None) -> bytes:

@@ -109,9 +109,10 @@ class NumberedShape:
     """A stream whose text events are numbered (Responses' `response.output_text.delta`: `sequence_number`) and
     may carry a padding string (OpenAI's `obfuscation`, random characters that hide each piece's length): the
     bytes around the text, the number and the padding are learnt from one event parsed and found to be a
-    piece of text of a shown item, relayable as it came. The next event fits when it has those bytes around a
-    plain text (printable, valid UTF-8, with no quote or backslash: as `TextShape` reads it, a little
-    stricter), the number after the last one read (`expected`), and a padding of plain ASCII (OpenAI's are
+    piece of text of a shown item, relayable as it came (or from the process's template of such deltas:
+    responses/shapes.py). The next event fits when it has those bytes around a plain text (valid UTF-8, with no
+    quote, backslash or control character: as `TextShape` reads it; beyond ASCII, printable too), the number
+    after the last one read (`expected`), and a padding of plain ASCII (OpenAI's are
     letters and digits): then it has the learnt event's structure exactly, those three values aside. Anything
     else is parsed.
 
@@ -196,12 +197,16 @@ class NumberedShape:
             if not _plain_ascii(padding):
                 return None
             self.pad = padding.decode()
+        inside = event[start:end]
+        if inside.translate(None, NOT_PLAIN) != inside:
+            return None  # a quote, a backslash or a control character: parsed
+        if inside.isascii():
+            return inside.decode()
         try:
-            text = event[start:end].decode()
+            text = inside.decode()
         except UnicodeDecodeError:
             return None  # parsed, to be refused as the JSON it is not
-        # plain: printable (no control character), no quote, no backslash (a text that is not is parsed)
-        return text if text.isprintable() and '"' not in text and "\\" not in text else None
+        return text if text.isprintable() else None  # printable: no control character beyond ASCII's either
 
 
 def _plain_ascii(value: bytes) -> bool:

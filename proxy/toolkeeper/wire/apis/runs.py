@@ -2,11 +2,12 @@
 
 A reader knows, of most events of a stream, that they are a shown item's
 (or block's) and that every parser reads their bytes as toolkeeper did: a
-text event read by its shape (wire/sse.py) has the structure of one parsed
-and checked before, and a parsed one was checked (each key once:
-`read_alike`). A row of them travels as one `Run` in a `Visible`'s relay:
-their bytes, the text they add, the items they belong to and the number of
-the first (Responses numbers its events). A writer whose numbering agrees
+text event read by its shape (wire/sse.py) or an event that fits a template
+(wire/event_templates.py) has the structure of one parsed and checked
+before, and a parsed one was checked (each key once: `read_alike`). A row
+of them travels as one `Run` in a `Visible`'s relay: their bytes, the text
+they add, the items they belong to and the number of the first (Responses
+numbers its events). A writer whose numbering agrees
 with the server's for all of them (the turn's first round, nothing held or
 dropped before them) sends their bytes as they came, together; else it
 writes each (`expanded`) as it writes any event.
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import orjson
 
 RAW = "_raw"  # an upstream event's own bytes, kept beside its parsed fields (parsed: with where its JSON begins)
 ROUND = "_round"  # which upstream round an event came from: items are numbered per round
@@ -33,8 +36,9 @@ class Run:
         self.number = number  # the server's number of the first (Responses; 0 where the API numbers nothing)
         self.round_key = round_key
         self.data: list[bytes] = []  # each one's bytes, as the server wrote them (no blank line)
-        # each one as parsed (its bytes and round off), or the text of one read by its shape (`build` rebuilds it)
-        self.events: list[dict[str, Any] | str] = []
+        # each one as parsed (its bytes and round off), the text of one read by its shape (`build` rebuilds it), or
+        # where the JSON of one read by a template begins (of the structure of one checked: parsed when needed)
+        self.events: list[dict[str, Any] | str | int] = []
         self.build: Build | None = None  # the shape's, of those read by it: one shape a run
         self.pads: list[str] = []  # the padding of each read by its shape, where the shape has one
         self.texts: list[str] = []  # the answer's text they add, in order
@@ -59,5 +63,7 @@ class Run:
         for offset, (data, event) in enumerate(zip(self.data, self.events, strict=True)):
             if type(event) is str:
                 event = self.build(event, self.number + offset, next(pads, None))  # type: ignore[misc]
+            elif type(event) is int:  # read by a template (wire/event_templates.py): where its JSON begins
+                event = orjson.loads(data[event:])
             events.append({**event, RAW: data, ROUND: self.round_key})
         return events

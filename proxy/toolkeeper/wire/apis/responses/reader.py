@@ -13,6 +13,11 @@ an event for an item never announced, an item announced twice, or one that
 finishes as something else (a `message` whose `done` is a call) is a
 malformed answer, never relayed, so no call can reach the agent under
 another item's name.
+
+Most events are read without a parse: a shown message's text deltas by
+their shape (`sse.NumberedShape`), and its structural events (announced, a
+part begun, a text, a part and the item finished) by the templates the
+process learnt of them (shapes.py).
 """
 
 from __future__ import annotations
@@ -20,11 +25,15 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+import orjson
+
 from toolkeeper.engine import Round
 from toolkeeper.wire.apis.relay import HoldingReader, event_object, parse_event, round_head
+from toolkeeper.wire.apis.responses import shapes
 from toolkeeper.wire.apis.responses.items import call_arguments, call_id_of, call_name, is_call, round_from_response
 from toolkeeper.wire.apis.runs import Build, Run
 from toolkeeper.wire.errors import MalformedResponse, UpstreamFailed
+from toolkeeper.wire.event_templates import EventTemplate
 from toolkeeper.wire.sse import NumberedShape
 
 TERMINAL = ("response.completed", "response.incomplete")
@@ -34,6 +43,8 @@ DONES = {"response.function_call_arguments.done": "arguments", "response.custom_
 ARGUMENT_EVENTS = frozenset((*DELTAS, *DONES, "response.output_item.done"))
 LIFECYCLE = ("response.created", "response.in_progress", "response.queued")
 TEXT_DELTA = "response.output_text.delta"
+MESSAGE = ("message",)  # a message item's identity (`_identity`)
+PLACEHOLDER, PAD = b"toolkeeper:text", b"toolkeeperpad"  # a delta's text and padding where a shape learns their places
 # An item's events that are more than routed (the rest are: `read`), and the events of no item.
 NOT_PLAIN_ITEM_EVENTS = frozenset((*LIFECYCLE, *TERMINAL, *ARGUMENT_EVENTS, "response.output_item.added",
                                    "response.failed", "error"))
@@ -58,6 +69,8 @@ class ResponsesReader(HoldingReader):
         self._build: Build = _rebuilt
         self._created = False  # a response.created was read
         self._progress = b""  # the bytes of the response.in_progress that would say the same again
+        self._item: int | None = None  # the parts so far of the message item being read (`_track`)
+        self._known: dict[bytes, Any] = {}  # what its next event says that the reader knows (shapes.py)
 
     def text_of(self, event: dict[str, Any]) -> str | None:
         delta = event.get("delta")
@@ -97,6 +110,14 @@ class ResponsesReader(HoldingReader):
                 self._progress = b""
                 run = None
                 continue
+            kind = data[7:data.find(b"\n")] if data.startswith(b"event: response.") else b""
+            template = shapes.TEMPLATES.get(kind) if kind else None
+            if template is not None:
+                fitted = self._fitted(kind, template, data)
+                if fitted is not None:
+                    run = self._joined(run, relay, round_key, data, fitted, kind == shapes.PART_ADDED)
+                    shapes.hit(template)
+                    continue
             event = parse_event(data, round_key, own)
             number = event.get("sequence_number")
             if type(number) is int:
@@ -104,12 +125,91 @@ class ResponsesReader(HoldingReader):
             before = len(relay)
             self.read(event)
             run = self.ran(run, relay, before, event, number)
+            if run is not None and kind in shapes.HOLES and self._announced.get(event.get("output_index")) == MESSAGE:
+                shapes.learn(kind, data, data.find(b"\n") + 7, event)
             if run is not None and event["type"] == TEXT_DELTA and self._learn(data, event):
                 run = None  # one shape a run
             elif event["type"] == "response.created" and not self._created:
                 self._created = True
                 self._progress = _in_progress(data, number)
         return relay
+
+    def _joined(self, run: Run | None, relay: list[Any], round_key: object, data: bytes, fitted: tuple[Any, int, Any],
+                part: bool) -> Run | None:
+        """A fitted event in the run it follows (or a new one: the number it fitted is the one after the run's last);
+        then the run the next event may join (None after a part begins whose deltas have their shape now, if this
+        run holds another's: one shape a run)."""
+        self._number += 1
+        if run is None:
+            run = Run(self._number, round_key)
+            relay.append(run)
+        entry, index, item = fitted
+        run.data.append(data)
+        run.events.append(entry)
+        if index not in run.indexes:
+            run.indexes.append(index)
+        if item is not None:
+            run.items.append(item)
+        return None if part and self._seed(run) else run
+
+    def _fitted(self, kind: bytes, template: EventTemplate, data: bytes) -> tuple[Any, int, Any] | None:
+        """A message item's event that fits its type's template (shapes.py), taken as `read` takes it: (its entry
+        in a run, its item's index, the item it finishes or None); None: parse it. The values known are the next
+        number, the next item's index (an announcement), or the current message item's index, id and part."""
+        if kind == shapes.ADDED:
+            if self._held:
+                return None  # a reasoning item waits for this one: `read` settles it
+            index = len(self._announced)
+            item_id = template.read(data, {b"number": self._number + 1, b"index": index})
+            if item_id is None:
+                return None
+            event = orjson.loads(data[14 + len(kind):])  # of the template's structure: a message item announced
+            self._announce(index, event["item"])  # shown, and `_track`ed till it finishes
+            self._track(index, item_id)
+            return event, index, None
+        parts, known = self._item, self._known
+        if parts is None or kind == shapes.DELTA:
+            return None
+        known[b"number"] = self._number + 1
+        index = known[b"index"]
+        if kind == shapes.PART_ADDED:
+            known[b"part"] = parts
+            if data != template.before % known:
+                return None
+            self._item = parts + 1
+            return 14 + len(kind), index, None  # where its JSON begins: parsed if ever it is written anew
+        known[b"part"] = parts - 1
+        if template.read(data, known) is None:
+            return None
+        if kind != shapes.DONE:
+            return 14 + len(kind), index, None
+        event = orjson.loads(data[14 + len(kind):])
+        done = self._done[index] = event["item"]  # a message, as announced
+        self._item = None
+        return event, index, done
+
+    def _track(self, index: int, item_id: bytes | None) -> None:
+        """The message item whose events may fit their templates: the one just announced (its id as written), until
+        it finishes."""
+        self._item = None if item_id is None else 0  # its parts so far
+        self._known = {b"number": 0, b"index": index, b"item": item_id, b"part": 0}
+
+    def _seed(self, run: Run) -> bool:
+        """A part begun: its deltas' shape, from the process's delta template with this item's values (their text
+        and padding aside). True: the shape is the reader's now, and `run` holds deltas of the last one."""
+        template = shapes.TEMPLATES.get(shapes.DELTA)
+        if template is None:
+            return False
+        number = self._known[b"number"] + 1
+        data = template.whole % {**self._known, b"number": number, b"text": PLACEHOLDER, b"pad": PAD}
+        fields = orjson.loads(data[data.find(b"\n") + 7:])
+        pad = PAD.decode() if b"pad" in template.roles else None
+        if not self._shape.learn(data, PLACEHOLDER.decode(), number, pad, fields):
+            return False
+        shapes.hit(template)
+        self._shape_index = self._known[b"index"]
+        self._build = partial(_rebuilt, fields=fields)
+        return run.build is not None
 
     def _learn(self, data: bytes, event: dict[str, Any]) -> bool:
         """The shape of a shown item's text delta that goes on as it came (`ran`: each key once in its bytes; a
@@ -153,11 +253,16 @@ class ResponsesReader(HoldingReader):
         if kind in ARGUMENT_EVENTS:
             self._arguments(kind, index, event)
         if kind == "response.output_item.added":
-            self._announce(index, event_object(event, "item"))
+            item = event_object(event, "item")
+            self._announce(index, item)
+            self._track(index, _written(item.get("id")) if item.get("type") == "message" else None)
+        elif kind == "response.content_part.added" and self._item is not None and index == self._known[b"index"]:
+            self._item += 1
         elif index not in self._announced:
             raise MalformedResponse(f"a {kind[:60]} event for item {index}, which was never announced")
         if kind == "response.output_item.done":
             item = self._done[index] = event_object(event, "item")
+            self._item = None
             if _identity(item) != self._announced[index]:
                 raise MalformedResponse(f"item {index} was announced as {self._announced[index][0]} and finished "
                                         f"as {str(item.get('type'))[:40]}")
@@ -218,6 +323,11 @@ def _in_progress(created: bytes, number: Any) -> bytes:
         return b""
     progress = created[:at] + b"%d" % (number + 1) + created[end:]
     return progress.replace(b"response.created", b"response.in_progress")
+
+
+def _written(item_id: Any) -> bytes | None:
+    """An item's id as a server writes it in its events' JSON (a string's body)."""
+    return orjson.dumps(item_id)[1:-1] if type(item_id) is str else None
 
 
 def _rebuilt(text: str, number: int, pad: str | None, fields: dict[str, Any] | None = None) -> dict[str, Any]:
