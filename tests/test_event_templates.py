@@ -150,8 +150,10 @@ def test_random_streams_read_the_same_with_templates_and_without(openai, monkeyp
     assert fitted > 300  # the templates were used, and often
 
 
-def message_stream(openai: bool, pieces: list[str], item_id: str = "msg_1") -> list[bytes]:
-    """One message item of one part, its text in these pieces, numbered without a gap."""
+def message_stream(openai: bool, pieces: list[str], item_id: str = "msg_1", extra: tuple[dict, ...] = ()
+                   ) -> list[bytes]:
+    """One message item of one part, its text in these pieces (and `extra` events before the item's end), numbered
+    without a gap."""
     where = {"item_id": item_id, "output_index": 0, "content_index": 0}
     empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
     item = {"id": item_id, "type": "message", "status": "in_progress", "content": [], "role": "assistant"}
@@ -161,7 +163,7 @@ def message_stream(openai: bool, pieces: list[str], item_id: str = "msg_1") -> l
               {"type": "response.content_part.added", **where, "part": empty},
               *({"type": "response.output_text.delta", **where, "delta": piece, "logprobs": []} for piece in pieces),
               {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
-              {"type": "response.content_part.done", **where, "part": {**empty, "text": text}},
+              {"type": "response.content_part.done", **where, "part": {**empty, "text": text}}, *extra,
               {"type": "response.output_item.done", "output_index": 0,
                "item": {**item, "status": "completed", "content": [{**empty, "text": text}]}},
               {"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "output": []}}]
@@ -213,3 +215,42 @@ def test_the_free_hole_holds_a_whole_string_or_the_event_is_parsed():
     for text in (b'a","Text":"b', b"a\\", b'a"', b"a\nb", b"\xff", b"\\x"):
         assert template.read(data.replace(b"The End", text), {b"number": 5}) is None, text
     assert template.read(data, {b"number": 6}) is None
+
+
+def odd(events: list[bytes], old: bytes, new: bytes) -> list[bytes]:
+    return [event.replace(old, new) for event in events]
+
+
+@pytest.mark.parametrize("change", [
+    (b'"content_index":0', b'"content_index":"0"'),  # a hole's value of another kind: never a template
+    (b'"item_id":"msg_1"', b'"item_id":7'),
+    (b'"id":"msg_1"', b'"id":7'),
+    (b'"obfuscation":"Ab3"', b'"obfuscation":5'),
+    (b'"sequence_number":', b'"sequence_number":1844674407370955161'),  # numbers past 2**64 parse as floats
+], ids=["part-as-string", "item-id-number", "id-number", "pad-number", "huge-numbers"])
+def test_an_odd_server_teaches_nothing_that_breaks_the_next_streams(change, monkeypatch):
+    """Found by a red-team pass: a template learnt from a value of another kind made every later stream raise."""
+    normal = message_stream(True, ["Kiwis ", "are birds."])
+    normal = [event.replace(b'"logprobs":[]}', b'"logprobs":[],"obfuscation":"Ab3"}') if b"text.delta" in event
+              else event for event in normal]
+    strange = odd(normal, *change)
+    for first, then in ((strange, normal), (normal, strange), (strange, strange)):
+        cold, warm = cold_and_warm(then, 5, first, monkeypatch)
+        assert cold == warm, (change, cold[:2], warm[:2])
+        assert cold[0] != "refused" or b"sequence" in change[0]
+
+
+def test_a_call_s_arguments_under_a_message_s_index_are_refused_as_a_parse_refuses_them(monkeypatch):
+    arguments = {"type": "response.function_call_arguments.delta", "item_id": "msg_1", "output_index": 0,
+                 "delta": "{}"}
+    events = message_stream(False, ["Kiwis ", "are birds."], extra=(arguments,))
+    cold, warm = cold_and_warm(events, 3, message_stream(False, ["Kiwis ", "are birds."]), monkeypatch)
+    assert cold == warm and cold[0] == "refused" and "arguments differ" in cold[1]
+
+
+def test_a_parsed_part_counts_so_its_done_events_fit(monkeypatch):
+    outcome(message_stream(False, ["Kiwis ", "are birds."]), random.Random(1))  # learnt
+    del shapes.TEMPLATES[shapes.PART_ADDED]  # the part's start is parsed, its end still fits
+    reader = ResponsesReader(frozenset(), None)
+    relay = reader.take_all(message_stream(False, ["Kiwis ", "are birds."], "msg_z"), object())
+    assert sum(type(event) is int for run in relay for event in run.events) == 2  # output_text.done, part.done

@@ -32,6 +32,7 @@ import orjson
 from toolkeeper.wire.sse import NOT_PLAIN
 
 MAX_TEMPLATE = 2048  # bytes of a learnt event, its holes' values included: larger ones are parsed each time
+STRINGS = frozenset({b"item", b"text", b"pad"})  # the roles whose values are strings (the others: whole numbers)
 
 
 class EventTemplate:
@@ -51,8 +52,9 @@ class EventTemplate:
     def learn(cls, data: bytes, at: int, event: dict[str, Any], roles: Mapping[str, bytes],
               free: bytes | None) -> EventTemplate | None:
         """The template of `data` (an SSE event whose JSON begins at `at`, parsed as `event` and checked: each key
-        once, none in another case), whose keys named in `roles` are holes; `free` the role read from the bytes
-        (a string, once), None for none. None when its bytes cannot say where each hole is."""
+        once, none in another case), whose keys named in `roles` are holes (a string where the role is in
+        `STRINGS`, else a whole number: the kind of value the reader fills it with); `free` the role read from the
+        bytes (a string, once), None for none. None when its bytes cannot say where each hole is."""
         if len(data) > MAX_TEMPLATE or b"\\" in data:
             return None
         cuts: list[tuple[int, int, bytes, type]] = []  # each hole's value: start, end, role, its type
@@ -70,9 +72,11 @@ class EventTemplate:
             if role is None:
                 continue
             kind = type(value)
-            written = b"%d" % value if kind is int else b'"%b"' % value.encode() if kind is str else None
-            if written is None or not data.startswith(written, position):
-                return None  # a hole's key with a value of another kind, or a space before it: not learnt
+            if kind is not (str if role in STRINGS else int):
+                return None  # a value not of its role's kind (a number as a string, say): the reader's would not fit
+            written = b"%d" % value if kind is int else b'"%b"' % value.encode()
+            if not data.startswith(written, position):
+                return None  # a space before it: not learnt
             quoted = kind is str
             cuts.append((position + quoted, position + len(written) - quoted, role, kind))
             learnt[role] = value if kind is int else value.encode()  # a role given twice must have one value

@@ -44,6 +44,7 @@ ARGUMENT_EVENTS = frozenset((*DELTAS, *DONES, "response.output_item.done"))
 LIFECYCLE = ("response.created", "response.in_progress", "response.queued")
 TEXT_DELTA = "response.output_text.delta"
 MESSAGE = ("message",)  # a message item's identity (`_identity`)
+LAST_NUMBER = 2**63 - 1  # numbers past it are not read by shapes or templates (a parse may not read them as whole)
 PLACEHOLDER, PAD = b"toolkeeper:text", b"toolkeeperpad"  # a delta's text and padding where a shape learns their places
 # An item's events that are more than routed (the rest are: `read`), and the events of no item.
 NOT_PLAIN_ITEM_EVENTS = frozenset((*LIFECYCLE, *TERMINAL, *ARGUMENT_EVENTS, "response.output_item.added",
@@ -86,7 +87,7 @@ class ResponsesReader(HoldingReader):
         run: Run | None = None
         bound: Run | None = None  # the run the appends below are bound to
         for data in events:
-            if shape.head is not None:
+            if shape.head is not None and self._number < LAST_NUMBER:
                 text = shape.read(data, self._number + 1)
                 if text is not None:
                     self._number += 1
@@ -111,7 +112,7 @@ class ResponsesReader(HoldingReader):
                 run = None
                 continue
             kind = data[7:data.find(b"\n")] if data.startswith(b"event: response.") else b""
-            template = shapes.TEMPLATES.get(kind) if kind else None
+            template = shapes.TEMPLATES.get(kind) if kind and self._number < LAST_NUMBER else None
             if template is not None:
                 fitted = self._fitted(kind, template, data)
                 if fitted is not None:
@@ -153,6 +154,15 @@ class ResponsesReader(HoldingReader):
         return None if part and self._seed(run) else run
 
     def _fitted(self, kind: bytes, template: EventTemplate, data: bytes) -> tuple[Any, int, Any] | None:
+        """`_fit`, and a template it cannot fill (none should be: `EventTemplate.learn` keeps each hole's kind) taken
+        away: that event is parsed, and the template never tried again."""
+        try:
+            return self._fit(kind, template, data)
+        except (KeyError, TypeError, ValueError):
+            shapes.TEMPLATES.pop(kind, None)
+            return None
+
+    def _fit(self, kind: bytes, template: EventTemplate, data: bytes) -> tuple[Any, int, Any] | None:
         """A message item's event that fits its type's template (shapes.py), taken as `read` takes it: (its entry
         in a run, its item's index, the item it finishes or None); None: parse it. The values known are the next
         number, the next item's index (an announcement), or the current message item's index, id and part."""
@@ -183,6 +193,8 @@ class ResponsesReader(HoldingReader):
             return None
         if kind != shapes.DONE:
             return 14 + len(kind), index, None
+        if index in self._streamed:
+            return None  # a call's arguments streamed under this index: `read` compares them, and refuses
         event = orjson.loads(data[14 + len(kind):])
         done = self._done[index] = event["item"]  # a message, as announced
         self._item = None
@@ -230,6 +242,8 @@ class ResponsesReader(HoldingReader):
         if type(index) is int and type(kind) is str and kind not in NOT_PLAIN_ITEM_EVENTS:
             if index not in self._announced:  # the most of a stream: an announced item's event, routed
                 raise MalformedResponse(f"a {kind[:60]} event for item {index}, which was never announced")
+            if kind == "response.content_part.added" and self._item is not None and index == self._known[b"index"]:
+                self._item += 1  # a part of the current message begins (`_fitted` counts those it reads)
             self.route(index, event)
             return
         if not isinstance(kind, str):
@@ -256,8 +270,6 @@ class ResponsesReader(HoldingReader):
             item = event_object(event, "item")
             self._announce(index, item)
             self._track(index, _written(item.get("id")) if item.get("type") == "message" else None)
-        elif kind == "response.content_part.added" and self._item is not None and index == self._known[b"index"]:
-            self._item += 1
         elif index not in self._announced:
             raise MalformedResponse(f"a {kind[:60]} event for item {index}, which was never announced")
         if kind == "response.output_item.done":
