@@ -43,7 +43,9 @@ class EventTemplate:
 
     def __init__(self, whole: bytes, before: bytes, after: bytes, free: bytes | None, roles: frozenset[bytes]):
         self.whole = whole  # every hole a %(role)d or %(role)b
-        self.before, self.after = before, after  # around the free hole's string body (whole: `before`, no free)
+        # around the free hole's string body; with no free hole, `before` is the whole, and an event with the known
+        # values fits when its bytes are `before % known`
+        self.before, self.after = before, after
         self.free = free
         self.roles = roles
         self.hits = 0
@@ -104,10 +106,6 @@ class EventTemplate:
         except (KeyError, TypeError):
             return None
         return cls(whole, before, after, free, frozenset(learnt))
-
-    def fits(self, data: bytes, known: Mapping[bytes, Any]) -> bool:
-        """Whether `data` is this template with the `known` values and no free hole."""
-        return data == self.before % known
 
     def read(self, data: bytes, known: Mapping[bytes, Any]) -> bytes | None:
         """The free hole's string body, as written, when `data` is this template with the `known` values around a
