@@ -39,14 +39,13 @@ class EventTemplate:
     """One event's bytes, with holes named by role (`whole`: a %-format over a mapping of the roles' values, its keys
     bytes, as bytes formatting has them)."""
 
-    __slots__ = ("after", "before", "free", "hits", "roles", "whole")
+    __slots__ = ("after", "before", "hits", "roles", "whole")
 
-    def __init__(self, whole: bytes, before: bytes, after: bytes, free: bytes | None, roles: frozenset[bytes]):
+    def __init__(self, whole: bytes, before: bytes, after: bytes, roles: frozenset[bytes]):
         self.whole = whole  # every hole a %(role)d or %(role)b
         # around the free hole's string body; with no free hole, `before` is the whole, and an event with the known
         # values fits when its bytes are `before % known`
         self.before, self.after = before, after
-        self.free = free
         self.roles = roles
         self.hits = 0
 
@@ -105,7 +104,7 @@ class EventTemplate:
                 return None  # a role with two values (two ids, say): not one hole
         except (KeyError, TypeError):
             return None
-        return cls(whole, before, after, free, frozenset(learnt))
+        return cls(whole, before, after, frozenset(learnt))
 
     def read(self, data: bytes, known: Mapping[bytes, Any]) -> bytes | None:
         """The free hole's string body, as written, when `data` is this template with the `known` values around a
